@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages remat's build, tests and examples need; installs only what is
+# missing, so running it again is cheap. Run as root (or through sudo).
+set -euo pipefail
+packages=(g++ cmake make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev "$@")
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

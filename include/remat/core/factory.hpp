@@ -1,0 +1,132 @@
+#pragma once
+// Tensor factories: empty, zeros, ones, full, from data, arange, rand, randn, and *_like forms.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "remat/core/random.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat {
+
+template <class T = float>
+BasicTensor<T> empty(const Shape& shape) {
+  return BasicTensor<T>(shape);
+}
+
+template <class T = float>
+BasicTensor<T> full(const Shape& shape, T value) {
+  BasicTensor<T> t(shape);
+  std::fill_n(t.data(), t.numel(), value);
+  return t;
+}
+
+template <class T = float>
+BasicTensor<T> zeros(const Shape& shape) {
+  return full<T>(shape, T(0));
+}
+
+template <class T = float>
+BasicTensor<T> ones(const Shape& shape) {
+  return full<T>(shape, T(1));
+}
+
+template <class T>
+BasicTensor<T> zeros_like(const BasicTensor<T>& t) {
+  return zeros<T>(t.shape());
+}
+template <class T>
+BasicTensor<T> ones_like(const BasicTensor<T>& t) {
+  return ones<T>(t.shape());
+}
+
+/// A scalar (rank-0) tensor.
+template <class T = float>
+BasicTensor<T> scalar(T value) {
+  return full<T>(Shape{}, value);
+}
+
+/// Copies `values` into a tensor of `shape` (1-D of their count when no shape is given).
+template <class T = float>
+BasicTensor<T> tensor(const std::vector<T>& values, const Shape& shape) {
+  REMAT_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(),
+              "tensor: {} values cannot fill shape {} ({} elements expected)", values.size(), shape,
+              shape.numel());
+  BasicTensor<T> t(shape);
+  std::copy(values.begin(), values.end(), t.data());
+  return t;
+}
+template <class T = float>
+BasicTensor<T> tensor(const std::vector<T>& values) {
+  return tensor<T>(values, Shape{static_cast<std::int64_t>(values.size())});
+}
+template <class T = float>
+BasicTensor<T> tensor(std::initializer_list<T> values, const Shape& shape) {
+  return tensor<T>(std::vector<T>(values), shape);
+}
+template <class T = float>
+BasicTensor<T> tensor(std::initializer_list<T> values) {
+  return tensor<T>(std::vector<T>(values));
+}
+
+/// start, start + step, ... up to but excluding end (as torch.arange).
+template <class T = float>
+BasicTensor<T> arange(T start, T end, T step = T(1)) {
+  REMAT_CHECK(step != T(0), "arange: step must be non-zero");
+  const double count = std::ceil((static_cast<double>(end) - static_cast<double>(start)) / static_cast<double>(step));
+  const auto n = static_cast<std::int64_t>(std::max(0.0, count));
+  BasicTensor<T> t(Shape{n});
+  T* p = t.data();
+  for (std::int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<T>(i) * step);
+  return t;
+}
+template <class T = float>
+BasicTensor<T> arange(T end) {
+  return arange<T>(T(0), end, T(1));
+}
+
+/// Uniform on [0, 1), drawn from `gen` (the thread's default generator when omitted).
+template <class T = float>
+BasicTensor<T> rand(const Shape& shape, Generator& gen = default_generator()) {
+  BasicTensor<T> t(shape);
+  gen.uniform(t.data(), static_cast<std::size_t>(t.numel()));
+  return t;
+}
+
+/// Standard normal, drawn from `gen` (the thread's default generator when omitted).
+template <class T = float>
+BasicTensor<T> randn(const Shape& shape, Generator& gen = default_generator()) {
+  BasicTensor<T> t(shape);
+  gen.normal(t.data(), static_cast<std::size_t>(t.numel()));
+  return t;
+}
+
+/// Uniform integers in [low, high), e.g. token ids.
+inline LongTensor randint(std::int64_t low, std::int64_t high, const Shape& shape,
+                          Generator& gen = default_generator()) {
+  REMAT_CHECK(low < high, "randint: needs low < high, got [{}, {})", low, high);
+  BasicTensor<double> u(shape);
+  gen.uniform(u.data(), static_cast<std::size_t>(u.numel()));
+  LongTensor t(shape);
+  const double span = static_cast<double>(high - low);
+  std::int64_t* out = t.data();
+  const double* draws = u.cdata();
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    out[i] = std::min(high - 1, low + static_cast<std::int64_t>(draws[i] * span));
+  return t;
+}
+
+/// Converts the element type (float <-> double, ...); the result has no autograd history.
+template <class U, class T>
+BasicTensor<U> to(const BasicTensor<T>& t) {
+  BasicTensor<U> out(t.shape());
+  const T* src = t.data();
+  U* dst = out.data();
+  for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = static_cast<U>(src[i]);
+  return out;
+}
+
+}  // namespace remat

@@ -1,0 +1,154 @@
+#pragma once
+// Memory accounting: every tensor byte goes through one counting allocator, so live, peak and
+// saved-for-backward bytes are exact and tests can assert them to the byte.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace remat {
+
+struct MemoryStats {
+  std::size_t live_bytes = 0;        ///< tensor bytes allocated now
+  std::size_t peak_bytes = 0;        ///< the most live_bytes has been since the last reset
+  std::size_t saved_bytes = 0;       ///< of live_bytes, those held by tapes for backward
+  std::size_t peak_saved_bytes = 0;  ///< the most saved_bytes has been since the last reset
+  std::size_t allocations = 0;       ///< tensor storages allocated since start (a count)
+};
+
+namespace detail {
+
+/// Alignment of every storage: a cache line, which covers Eigen's vectorised loads.
+inline constexpr std::size_t kStorageAlignment = 64;
+
+struct ScopePeaks {
+  std::size_t peak_bytes = 0;
+  std::size_t peak_saved_bytes = 0;
+};
+
+class MemoryLedger {
+ public:
+  static MemoryLedger& instance() {
+    static MemoryLedger ledger;
+    return ledger;
+  }
+
+  void* allocate(std::size_t bytes) {
+    void* p = ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{kStorageAlignment});
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.live_bytes += bytes;
+    ++stats_.allocations;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
+    for (ScopePeaks* s : scopes_) s->peak_bytes = std::max(s->peak_bytes, stats_.live_bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) {
+    ::operator delete(p, std::align_val_t{kStorageAlignment});
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.live_bytes -= bytes;
+  }
+  void add_saved(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.saved_bytes += bytes;
+    stats_.peak_saved_bytes = std::max(stats_.peak_saved_bytes, stats_.saved_bytes);
+    for (ScopePeaks* s : scopes_)
+      s->peak_saved_bytes = std::max(s->peak_saved_bytes, stats_.saved_bytes);
+  }
+  void remove_saved(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.saved_bytes -= bytes;
+  }
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  void reset_peaks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_bytes = stats_.live_bytes;
+    stats_.peak_saved_bytes = stats_.saved_bytes;
+  }
+  void open(ScopePeaks* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s->peak_bytes = stats_.live_bytes;
+    s->peak_saved_bytes = stats_.saved_bytes;
+    scopes_.push_back(s);
+  }
+  void close(ScopePeaks* s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    scopes_.erase(std::remove(scopes_.begin(), scopes_.end(), s), scopes_.end());
+  }
+
+ private:
+  std::mutex mutex_;
+  MemoryStats stats_;
+  std::vector<ScopePeaks*> scopes_;
+};
+
+}  // namespace detail
+
+inline MemoryStats memory_stats() { return detail::MemoryLedger::instance().stats(); }
+
+/// Sets peak_bytes and peak_saved_bytes to the current live figures.
+inline void reset_peak_memory_stats() { detail::MemoryLedger::instance().reset_peaks(); }
+
+/// Measures the peaks between its construction and now; scopes nest and do not disturb the global
+/// peaks. Typical use: `MemoryScope scope; step(); scope.peak_bytes() - scope.start_bytes()`.
+class MemoryScope {
+ public:
+  MemoryScope() : start_(memory_stats()) { detail::MemoryLedger::instance().open(&peaks_); }
+  ~MemoryScope() { detail::MemoryLedger::instance().close(&peaks_); }
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+
+  std::size_t start_bytes() const { return start_.live_bytes; }
+  std::size_t start_saved_bytes() const { return start_.saved_bytes; }
+  std::size_t peak_bytes() const { return peaks_.peak_bytes; }
+  std::size_t peak_saved_bytes() const { return peaks_.peak_saved_bytes; }
+  /// Peak above the level at construction: what the measured code needed on top.
+  std::size_t peak_bytes_above_start() const { return peaks_.peak_bytes - start_.live_bytes; }
+
+ private:
+  MemoryStats start_;
+  detail::ScopePeaks peaks_;
+};
+
+namespace detail {
+
+/// The bytes behind one or more tensors (reshape shares it). `version` counts in-place writes so a
+/// tensor saved for backward and modified afterwards is an error, not a wrong gradient; `saved_refs`
+/// counts how many saved-for-backward records hold it, so shared storage is counted as saved once.
+class Storage {
+ public:
+  explicit Storage(std::size_t bytes)
+      : data_(MemoryLedger::instance().allocate(bytes)), bytes_(bytes) {}
+  ~Storage() {
+    if (saved_refs_ > 0) MemoryLedger::instance().remove_saved(bytes_);
+    MemoryLedger::instance().deallocate(data_, bytes_);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  std::uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+  void retain_saved() {
+    if (saved_refs_++ == 0) MemoryLedger::instance().add_saved(bytes_);
+  }
+  void release_saved() {
+    if (--saved_refs_ == 0) MemoryLedger::instance().remove_saved(bytes_);
+  }
+
+ private:
+  void* data_;
+  std::size_t bytes_;
+  std::uint64_t version_ = 0;
+  int saved_refs_ = 0;
+};
+
+}  // namespace detail
+}  // namespace remat

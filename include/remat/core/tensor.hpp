@@ -1,0 +1,209 @@
+#pragma once
+// BasicTensor<T>: a cheap handle to shared, contiguous, row-major storage, with optional autograd
+// metadata. Copies share data (as in PyTorch); ops always return new tensors.
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "remat/core/error.hpp"
+#include "remat/core/memory.hpp"
+#include "remat/core/shape.hpp"
+
+namespace remat {
+
+template <class T>
+class BasicTensor;
+
+namespace detail {
+
+template <class T>
+constexpr const char* dtype_name() {
+  if constexpr (std::is_same_v<T, float>) return "float32";
+  else if constexpr (std::is_same_v<T, double>) return "float64";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
+  else if constexpr (std::is_same_v<T, bool>) return "bool";
+  else return "unknown";
+}
+
+/// Autograd state of one tensor. Nodes hold it strongly for their inputs and weakly for their
+/// outputs, so the tape never keeps an activation's data alive unless it saved it.
+template <class T>
+struct AutogradMeta {
+  bool requires_grad = false;
+  bool retains_grad = false;  ///< keep .grad on a non-leaf (leaves always keep it)
+  std::uint64_t node_id = 0;  ///< the node that produced this tensor; 0 for a leaf
+  bool history_freed = false; ///< its node ran without retain_graph, or its tape was reset
+  BasicTensor<T> grad;
+  bool is_leaf() const { return node_id == 0; }
+};
+
+}  // namespace detail
+
+template <class T>
+class BasicTensor {
+ public:
+  using Scalar = T;
+
+  BasicTensor() = default;  ///< an undefined tensor (no storage), like a default at::Tensor
+  /// Uninitialised storage of the given shape; factories (zeros, ones, ...) are what users call.
+  explicit BasicTensor(const Shape& shape)
+      : storage_(std::make_shared<detail::Storage>(static_cast<std::size_t>(shape.numel()) * sizeof(T))),
+        shape_(shape) {}
+  /// A tensor over existing storage (views, restored saved tensors).
+  BasicTensor(std::shared_ptr<detail::Storage> storage, const Shape& shape)
+      : storage_(std::move(storage)), shape_(shape) {
+    REMAT_ASSERT(!storage_ || storage_->bytes() >= static_cast<std::size_t>(shape.numel()) * sizeof(T));
+  }
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int dim() const { return shape_.rank(); }
+  std::int64_t size(std::int64_t d) const { return shape_[shape_.dim(d, "size")]; }
+  std::int64_t numel() const { return shape_.numel(); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
+  static constexpr const char* dtype() { return detail::dtype_name<T>(); }
+
+  const T* data() const { return static_cast<const T*>(checked_storage().data()); }
+  /// Mutable access counts as an in-place write: a tensor saved for backward and then written
+  /// through here makes that backward throw instead of returning a wrong gradient.
+  T* data() {
+    checked_storage().bump_version();
+    return static_cast<T*>(storage_->data());
+  }
+  const T* cdata() const { return data(); }
+
+  /// Element access by full index, bounds-checked.
+  const T& at(std::initializer_list<std::int64_t> index) const { return data()[offset(index)]; }
+  T& at(std::initializer_list<std::int64_t> index) { return data()[offset(index)]; }
+  T item() const {
+    REMAT_CHECK(numel() == 1, "item: needs a tensor with one element, got shape {}", shape_);
+    return data()[0];
+  }
+  std::vector<T> to_vector() const { return std::vector<T>(data(), data() + numel()); }
+
+  // --- autograd -------------------------------------------------------------------------------
+  bool requires_grad() const { return meta_ && meta_->requires_grad; }
+  /// Marks a leaf as a parameter-like tensor whose .grad backward fills.
+  BasicTensor& requires_grad_(bool on = true) {
+    static_assert(std::is_floating_point_v<T>, "requires_grad_: only floating-point tensors have gradients");
+    REMAT_CHECK(defined(), "requires_grad_: the tensor is undefined");
+    REMAT_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad; this one was "
+                "produced by an op (use detach() first)");
+    if (!meta_) meta_ = std::make_shared<detail::AutogradMeta<T>>();
+    meta_->requires_grad = on;
+    return *this;
+  }
+  bool is_leaf() const { return !meta_ || meta_->is_leaf(); }
+  /// The accumulated gradient; undefined until a backward reaches this tensor.
+  BasicTensor grad() const { return meta_ ? meta_->grad : BasicTensor(); }
+  /// Drops the gradient (PyTorch's set_to_none=True): the next backward starts from nothing.
+  void zero_grad() {
+    if (meta_) meta_->grad = BasicTensor();
+  }
+  /// Keeps .grad on a non-leaf after backward, for inspection.
+  BasicTensor& retain_grad() {
+    REMAT_CHECK(requires_grad(), "retain_grad: tensor of shape {} does not require grad", shape_);
+    meta_->retains_grad = true;
+    return *this;
+  }
+  /// Same data, cut from the graph.
+  BasicTensor detach() const { return BasicTensor(storage_, shape_); }
+
+  /// Backpropagates from this tensor. Without `gradient` the tensor must hold one element (a
+  /// loss); the graph is freed as it is walked unless `retain_graph`.
+  void backward(const BasicTensor& gradient = BasicTensor(), bool retain_graph = false) const;
+  void backward(bool retain_graph) const { backward(BasicTensor(), retain_graph); }
+
+  // --- internals used by ops and the tape -------------------------------------------------------
+  const std::shared_ptr<detail::Storage>& storage() const { return storage_; }
+  const std::shared_ptr<detail::AutogradMeta<T>>& meta() const { return meta_; }
+  void set_meta(std::shared_ptr<detail::AutogradMeta<T>> m) { meta_ = std::move(m); }
+  bool same_storage(const BasicTensor& o) const { return storage_ == o.storage_; }
+
+ private:
+  detail::Storage& checked_storage() const {
+    REMAT_CHECK(storage_ != nullptr, "tensor access: the tensor is undefined (default-constructed)");
+    return *storage_;
+  }
+  std::int64_t offset(std::initializer_list<std::int64_t> index) const {
+    REMAT_CHECK(static_cast<int>(index.size()) == dim(), "at: got {} indices for a tensor of shape {}",
+                index.size(), shape_);
+    std::int64_t off = 0;
+    int d = 0;
+    for (std::int64_t i : index) {
+      REMAT_CHECK(i >= 0 && i < shape_[d], "at: index {} is out of range for dim {} of shape {}", i, d,
+                  shape_);
+      off = off * shape_[d] + i;
+      ++d;
+    }
+    return off;
+  }
+
+  std::shared_ptr<detail::Storage> storage_;
+  Shape shape_;
+  std::shared_ptr<detail::AutogradMeta<T>> meta_;
+};
+
+using Tensor = BasicTensor<float>;          ///< what models train in
+using DoubleTensor = BasicTensor<double>;   ///< what gradient checks run in
+using LongTensor = BasicTensor<std::int64_t>;  ///< token ids, targets, indices
+using BoolTensor = BasicTensor<bool>;       ///< masks
+
+namespace detail {
+
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using MatrixMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+template <class T>
+using ConstMatrixMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+template <class T>
+using RowArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+template <class T>
+using ConstRowArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+/// All elements as a flat Eigen array. Maps are declared unaligned because ops also map
+/// sub-ranges (rows, batches) at arbitrary offsets; whole storages are 64-byte aligned anyway.
+template <class T>
+ArrayMap<T> flat(BasicTensor<T>& t) { return ArrayMap<T>(t.data(), t.numel()); }
+template <class T>
+ConstArrayMap<T> flat(const BasicTensor<T>& t) { return ConstArrayMap<T>(t.data(), t.numel()); }
+
+/// The tensor as a (numel/cols, cols) row-major matrix: rows are the last dim when cols = size(-1).
+template <class T>
+MatrixMap<T> matrix(BasicTensor<T>& t, std::int64_t cols) {
+  return MatrixMap<T>(t.data(), cols ? t.numel() / cols : 0, cols);
+}
+template <class T>
+ConstMatrixMap<T> matrix(const BasicTensor<T>& t, std::int64_t cols) {
+  return ConstMatrixMap<T>(t.data(), cols ? t.numel() / cols : 0, cols);
+}
+template <class T>
+RowArrayMap<T> rows(BasicTensor<T>& t, std::int64_t cols) {
+  return RowArrayMap<T>(t.data(), cols ? t.numel() / cols : 0, cols);
+}
+template <class T>
+ConstRowArrayMap<T> rows(const BasicTensor<T>& t, std::int64_t cols) {
+  return ConstRowArrayMap<T>(t.data(), cols ? t.numel() / cols : 0, cols);
+}
+
+/// A new tensor holding a copy of `t`'s data, with no autograd history.
+template <class T>
+BasicTensor<T> copy_of(const BasicTensor<T>& t) {
+  BasicTensor<T> out(t.shape());
+  if (t.numel()) std::memcpy(out.data(), t.data(), t.nbytes());
+  return out;
+}
+
+}  // namespace detail
+}  // namespace remat
+
+#include "remat/core/tape.hpp"  // defines BasicTensor::backward

@@ -1,0 +1,52 @@
+#pragma once
+#include <cmath>
+#include <limits>
+
+#include "remat/nn/dropout.hpp"
+#include "remat/nn/linear.hpp"
+#include "remat/ops/masked_fill.hpp"
+#include "remat/ops/matmul.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/permute.hpp"
+#include "remat/ops/reshape.hpp"
+#include "remat/ops/softmax.hpp"
+#include "remat/ops/cat.hpp"
+
+namespace remat::nn {
+
+/// Multi-head causal self-attention with explicit softmax, as in GPT-2:
+///   q, k, v = split(c_attn(x)),  att = softmax(mask(q kᵀ / √d)),  y = c_proj(dropout(att) v).
+class CausalSelfAttention : public UnaryModule {
+ public:
+  CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, double dropout = 0.0, bool bias = true,
+                      Generator& gen = default_generator())
+      : n_embd(n_embd), n_head(n_head), c_attn(n_embd, 3 * n_embd, bias, gen), c_proj(n_embd, n_embd, bias, gen),
+        attn_dropout(dropout), resid_dropout(dropout) {
+    REMAT_CHECK(n_head > 0 && n_embd % n_head == 0,
+                "nn::CausalSelfAttention: n_embd {} must be a positive multiple of n_head {}", n_embd, n_head);
+    register_module("c_attn", c_attn);
+    register_module("c_proj", c_proj);
+    register_module("attn_dropout", attn_dropout);
+    register_module("resid_dropout", resid_dropout);
+  }
+
+  Tensor forward(const Tensor& x) override {  // x (B, T, C)
+    REMAT_CHECK(x.dim() == 3 && x.size(2) == n_embd,
+                "nn::CausalSelfAttention: expected input (B, T, {}), got {}", n_embd, x.shape());
+    const std::int64_t B = x.size(0), T = x.size(1), C = n_embd, H = n_head, D = C / H;
+    const auto qkv = split(c_attn(x), C, -1);  // 3 × (B, T, C)
+    auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // (B, H, T, D)
+    const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+    att = masked_fill(att, causal_mask(T), -std::numeric_limits<float>::infinity());
+    att = attn_dropout(softmax(att));
+    const Tensor y = reshape(permute(matmul(att, v), {0, 2, 1, 3}), {B, T, C});  // (B, T, C)
+    return resid_dropout(c_proj(y));
+  }
+
+  std::int64_t n_embd, n_head;
+  Linear c_attn, c_proj;
+  Dropout attn_dropout, resid_dropout;
+};
+
+}  // namespace remat::nn

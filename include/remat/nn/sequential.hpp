@@ -1,0 +1,45 @@
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/nn/module.hpp"
+
+namespace remat::nn {
+
+/// Runs its modules in order; children are named "0", "1", ... as in torch.nn.Sequential.
+class Sequential : public UnaryModule {
+ public:
+  Sequential() = default;
+
+  /// Constructs a module in place at the end and returns it.
+  template <class M, class... Args>
+  M& emplace_back(Args&&... args) {
+    auto m = std::make_unique<M>(std::forward<Args>(args)...);
+    M& ref = *m;
+    push_back(std::move(m));
+    return ref;
+  }
+  void push_back(std::unique_ptr<UnaryModule> m) {
+    REMAT_CHECK(m != nullptr, "nn::Sequential: cannot add a null module");
+    register_module(std::to_string(modules_.size()), *m);
+    modules_.push_back(std::move(m));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (auto& m : modules_) h = m->forward(h);
+    return h;
+  }
+
+  std::size_t size() const { return modules_.size(); }
+  UnaryModule& operator[](std::size_t i) {
+    REMAT_CHECK(i < modules_.size(), "nn::Sequential: index {} is out of range for {} modules", i, modules_.size());
+    return *modules_[i];
+  }
+
+ private:
+  std::vector<std::unique_ptr<UnaryModule>> modules_;
+};
+
+}  // namespace remat::nn

@@ -1,0 +1,32 @@
+#pragma once
+#include "remat/nn/attention.hpp"
+#include "remat/nn/layer_norm.hpp"
+#include "remat/nn/mlp.hpp"
+#include "remat/ops/add.hpp"
+
+namespace remat::nn {
+
+/// Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(·)). Maps (B, T, C) to (B, T, C).
+class TransformerBlock : public UnaryModule {
+ public:
+  TransformerBlock(std::int64_t n_embd, std::int64_t n_head, double dropout = 0.0, bool bias = true,
+                   Generator& gen = default_generator())
+      : ln_1(n_embd, 1e-5, bias), attn(n_embd, n_head, dropout, bias, gen), ln_2(n_embd, 1e-5, bias),
+        mlp(n_embd, dropout, bias, gen) {
+    register_module("ln_1", ln_1);
+    register_module("attn", attn);
+    register_module("ln_2", ln_2);
+    register_module("mlp", mlp);
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = x + attn(ln_1(x));
+    return h + mlp(ln_2(h));
+  }
+
+  LayerNorm ln_1;
+  CausalSelfAttention attn;
+  LayerNorm ln_2;
+  MLP mlp;
+};
+
+}  // namespace remat::nn

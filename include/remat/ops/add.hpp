@@ -1,0 +1,39 @@
+#pragma once
+#include <type_traits>
+
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// z = a + b, numpy broadcasting.  da = sum_to(dz, a.shape), db = sum_to(dz, b.shape).
+/// Saves: nothing.
+template <class T>
+BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  BasicTensor<T> z = detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; });
+  if (detail::grad_needed(a, b))
+    detail::record<T>("add", {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
+      const BasicTensor<T>& dz = ctx.grad_output();
+      if (ctx.needs_grad(0)) ctx.accumulate(0, detail::sum_to(dz, sa));
+      if (ctx.needs_grad(1)) ctx.accumulate(1, detail::sum_to(dz, sb));
+    });
+  return z;
+}
+
+/// y = x + s.  dx = dy.  Saves: nothing.
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> add(const BasicTensor<T>& x, S s) {
+  const T c = static_cast<T>(s);
+  return detail::unary_saving_nothing(
+      "add_scalar", x, [c](const auto& a) { return a + c; }, [](const auto& dy) { return dy; });
+}
+
+template <class T>
+BasicTensor<T> operator+(const BasicTensor<T>& a, const BasicTensor<T>& b) { return add(a, b); }
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> operator+(const BasicTensor<T>& x, S s) { return add(x, s); }
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> operator+(S s, const BasicTensor<T>& x) { return add(x, s); }
+
+}  // namespace remat

@@ -1,0 +1,69 @@
+#pragma once
+#include <vector>
+
+#include "remat/core/tape.hpp"
+#include "remat/ops/narrow.hpp"
+
+namespace remat {
+
+/// y = the tensors joined along `dim`; all other dims must match.
+/// dx_i = dy[..., offset_i : offset_i + n_i, ...].  Saves: nothing.
+template <class T>
+BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
+  REMAT_CHECK(!xs.empty(), "cat: needs at least one tensor");
+  const Shape& first = xs[0].shape();
+  const int d = first.dim(dim, "cat");
+  std::int64_t total = 0;
+  bool needs_grad = false;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const Shape& s = xs[i].shape();
+    REMAT_CHECK(s.rank() == first.rank() && s.with(d, 0) == first.with(d, 0),
+                "cat: tensor {} has shape {}, which does not match tensor 0's shape {} outside dim {}", i, s,
+                first, dim);
+    total += s[d];
+    needs_grad = needs_grad || detail::grad_needed(xs[i]);
+  }
+  BasicTensor<T> y(first.with(d, total));
+  std::vector<std::int64_t> offsets;
+  std::int64_t at = 0;
+  for (const BasicTensor<T>& x : xs) {
+    detail::copy_along(x, 0, y, at, d, x.shape()[d]);
+    offsets.push_back(at);
+    at += x.shape()[d];
+  }
+  if (needs_grad) {
+    std::vector<Shape> shapes;
+    for (const BasicTensor<T>& x : xs) shapes.push_back(x.shape());
+    detail::record<T>("cat", xs, {&y}, {}, [shapes, offsets, d](detail::BackwardContext<T>& ctx) {
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        if (!ctx.needs_grad(i)) continue;
+        BasicTensor<T> dx(shapes[i]);
+        detail::copy_along(ctx.grad_output(), offsets[i], dx, 0, d, shapes[i][d]);
+        ctx.accumulate(i, std::move(dx));
+      }
+    });
+  }
+  return y;
+}
+
+/// Pieces of `size` along `dim` (the last may be shorter), each a narrow of x.
+template <class T>
+std::vector<BasicTensor<T>> split(const BasicTensor<T>& x, std::int64_t size, std::int64_t dim) {
+  const int d = x.shape().dim(dim, "split");
+  REMAT_CHECK(size > 0, "split: piece size must be positive, got {}", size);
+  std::vector<BasicTensor<T>> pieces;
+  for (std::int64_t start = 0; start < x.shape()[d]; start += size)
+    pieces.push_back(narrow(x, d, start, std::min(size, x.shape()[d] - start)));
+  return pieces;
+}
+
+/// `chunks` pieces of equal size along `dim` (the last may be shorter, as torch.chunk).
+template <class T>
+std::vector<BasicTensor<T>> chunk(const BasicTensor<T>& x, std::int64_t chunks, std::int64_t dim) {
+  const int d = x.shape().dim(dim, "chunk");
+  REMAT_CHECK(chunks > 0, "chunk: number of chunks must be positive, got {}", chunks);
+  const std::int64_t n = x.shape()[d];
+  return split(x, std::max<std::int64_t>(1, (n + chunks - 1) / chunks), d);
+}
+
+}  // namespace remat

@@ -1,0 +1,65 @@
+#pragma once
+#include <cmath>
+#include <limits>
+
+#include "remat/core/tape.hpp"
+
+namespace remat {
+
+/// Mean negative log-likelihood of integer targets under softmax(logits), fused:
+///   loss = -(1/m) Σ_{i: t_i ≠ ignore} log softmax(logits_i)[t_i],  m = number of rows not ignored.
+/// logits (N, C) or (B, T, C); targets (N) or (B, T). With every row ignored, loss is NaN (0/0),
+/// as in PyTorch.  dlogits_i = dloss (softmax(logits_i) - onehot(t_i)) / m; zero on ignored rows.
+/// Saves: softmax(logits) and targets.
+template <class T>
+BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& targets, std::int64_t ignore_index = -100) {
+  REMAT_CHECK(logits.dim() >= 2 && targets.dim() == logits.dim() - 1,
+              "cross_entropy: expected logits (..., C) and targets of the same shape without C, got logits {} and "
+              "targets {}", logits.shape(), targets.shape());
+  REMAT_CHECK(targets.shape() == logits.shape().without(logits.dim() - 1),
+              "cross_entropy: targets shape {} does not match logits shape {} without its last dim",
+              targets.shape(), logits.shape());
+  const std::int64_t c = logits.size(-1), n = targets.numel();
+  const std::int64_t* t = targets.data();
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (t[i] == ignore_index) continue;
+    REMAT_CHECK(t[i] >= 0 && t[i] < c,
+                "cross_entropy: target {} at flat position {} is out of range for {} classes (ignore_index is {})",
+                t[i], i, c, ignore_index);
+    ++counted;
+  }
+  BasicTensor<T> probs(logits.shape());
+  auto z = detail::rows(logits, c);
+  auto p = detail::rows(probs, c);
+  p = (z.colwise() - z.rowwise().maxCoeff()).exp();
+  const Eigen::Array<T, Eigen::Dynamic, 1> norm = p.rowwise().sum();
+  p.colwise() /= norm;
+  T total = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (t[i] == ignore_index) continue;
+    // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
+    total += std::log(norm(i)) - (z(i, t[i]) - z.row(i).maxCoeff());
+  }
+  BasicTensor<T> loss(Shape{});
+  loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
+  if (detail::grad_needed(logits))
+    detail::record<T>("cross_entropy", {logits}, {&loss}, {probs, targets},
+                      [c, counted, ignore_index](detail::BackwardContext<T>& ctx) {
+                        const BasicTensor<T> pv = ctx.saved(0);
+                        const LongTensor tv = ctx.template saved<std::int64_t>(1);
+                        const T scale = ctx.grad_output().data()[0] / static_cast<T>(counted);
+                        BasicTensor<T> dz(pv.shape());
+                        auto g = detail::rows(dz, c);
+                        g = detail::rows(pv, c) * scale;
+                        const std::int64_t* t = tv.data();
+                        for (std::int64_t i = 0; i < tv.numel(); ++i) {
+                          if (t[i] == ignore_index) g.row(i).setZero();
+                          else g(i, t[i]) -= scale;
+                        }
+                        ctx.accumulate(0, std::move(dz));
+                      });
+  return loss;
+}
+
+}  // namespace remat

@@ -1,0 +1,58 @@
+#pragma once
+// The shared shape of element-wise unary ops: forward on Eigen arrays, one node whose backward is
+// an element-wise formula of the output gradient and either the saved output or the saved input.
+
+#include "remat/core/tape.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat::detail {
+
+/// y = forward(x); dx = backward(dy, y). Saves: y (for ops whose derivative is a function of y).
+template <class T, class Forward, class Backward>
+BasicTensor<T> unary_saving_output(const char* op, const BasicTensor<T>& x, Forward forward,
+                                   Backward backward) {
+  BasicTensor<T> y(x.shape());
+  flat(y) = forward(flat(x));
+  if (grad_needed(x))
+    record<T>(op, {x}, {&y}, {y}, [backward](BackwardContext<T>& ctx) {
+      const BasicTensor<T> out = ctx.template saved<T>(0);
+      BasicTensor<T> dx(out.shape());
+      flat(dx) = backward(flat(ctx.grad_output()), flat(out));
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+/// y = forward(x); dx = backward(dy, x). Saves: x.
+template <class T, class Forward, class Backward>
+BasicTensor<T> unary_saving_input(const char* op, const BasicTensor<T>& x, Forward forward,
+                                  Backward backward) {
+  BasicTensor<T> y(x.shape());
+  flat(y) = forward(flat(x));
+  if (grad_needed(x))
+    record<T>(op, {x}, {&y}, {x}, [backward](BackwardContext<T>& ctx) {
+      const BasicTensor<T> in = ctx.template saved<T>(0);
+      BasicTensor<T> dx(in.shape());
+      flat(dx) = backward(flat(ctx.grad_output()), flat(in));
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+/// y = forward(x); dx = backward(dy). Saves nothing (linear ops: negation, scalar add and scale).
+template <class T, class Forward, class Backward>
+BasicTensor<T> unary_saving_nothing(const char* op, const BasicTensor<T>& x, Forward forward,
+                                    Backward backward) {
+  BasicTensor<T> y(x.shape());
+  flat(y) = forward(flat(x));
+  if (grad_needed(x))
+    record<T>(op, {x}, {&y}, {}, [backward](BackwardContext<T>& ctx) {
+      const BasicTensor<T>& dy = ctx.grad_output();
+      BasicTensor<T> dx(dy.shape());
+      flat(dx) = backward(flat(dy));
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+}  // namespace remat::detail

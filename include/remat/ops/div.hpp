@@ -1,0 +1,65 @@
+#pragma once
+#include <type_traits>
+
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// z = a / b, numpy broadcasting.  da = sum_to(dz / b, a.shape),
+/// db = sum_to(-dz * z / b, b.shape)  (since dz/db = -a/b² = -z/b).
+/// Saves: b, and z when b needs a gradient.
+template <class T>
+BasicTensor<T> div(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  BasicTensor<T> z = detail::broadcast_apply(a, b, "div", [](const auto& x, const auto& y) { return x / y; });
+  if (detail::grad_needed(a, b)) {
+    const bool db = b.requires_grad();
+    std::vector<detail::SavedTensor> saved{b};
+    if (db) saved.emplace_back(z);
+    detail::record<T>("div", {a, b}, {&z}, std::move(saved),
+                      [db, sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
+                        const BasicTensor<T>& dz = ctx.grad_output();
+                        const BasicTensor<T> bv = ctx.saved(0);
+                        if (ctx.needs_grad(0))
+                          ctx.accumulate(0, detail::sum_to(detail::broadcast_apply(
+                                                               dz, bv, "div", [](const auto& x, const auto& y) { return x / y; }),
+                                                           sa));
+                        if (db) {
+                          const BasicTensor<T> zv = ctx.saved(1);
+                          BasicTensor<T> g(dz.shape());
+                          detail::flat(g) = -detail::flat(dz) * detail::flat(zv);
+                          ctx.accumulate(1, detail::sum_to(detail::broadcast_apply(
+                                                               g, bv, "div", [](const auto& x, const auto& y) { return x / y; }),
+                                                           sb));
+                        }
+                      });
+  }
+  return z;
+}
+
+/// y = x / s.  dx = dy / s.  Saves: nothing.
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> div(const BasicTensor<T>& x, S s) {
+  const T c = static_cast<T>(s);
+  return detail::unary_saving_nothing(
+      "div_scalar", x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; });
+}
+
+/// y = s / x.  dx = -dy * s / x².  Saves: x.
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> rdiv(const BasicTensor<T>& x, S s) {
+  const T c = static_cast<T>(s);
+  return detail::unary_saving_input(
+      "rdiv_scalar", x, [c](const auto& a) { return c / a; },
+      [c](const auto& dy, const auto& v) { return -dy * c / (v * v); });
+}
+
+template <class T>
+BasicTensor<T> operator/(const BasicTensor<T>& a, const BasicTensor<T>& b) { return div(a, b); }
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> operator/(const BasicTensor<T>& x, S s) { return div(x, s); }
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> operator/(S s, const BasicTensor<T>& x) { return rdiv(x, s); }
+
+}  // namespace remat

@@ -1,0 +1,13 @@
+#pragma once
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// y = exp(x).  dx = dy * y.  Saves: y.
+template <class T>
+BasicTensor<T> exp(const BasicTensor<T>& x) {
+  return detail::unary_saving_output(
+      "exp", x, [](const auto& a) { return a.exp(); }, [](const auto& dy, const auto& y) { return dy * y; });
+}
+
+}  // namespace remat

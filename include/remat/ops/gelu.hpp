@@ -1,0 +1,48 @@
+#pragma once
+#include <cmath>
+#include <string_view>
+
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// How gelu computes Φ(x): exactly with erf, or with GPT-2's tanh approximation.
+enum class GeluApproximation { none, tanh };
+
+/// Exact:  y = x Φ(x), Φ(x) = ½(1 + erf(x/√2)).  dx = dy (Φ(x) + x φ(x)), φ(x) = e^{-x²/2}/√(2π).
+/// Tanh:   y = ½ x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
+///         dx = dy (½(1 + tanh u) + ½ x (1 - tanh² u) √(2/π)(1 + 3·0.044715 x²)).
+/// Saves: x (the derivative is not a function of y).
+template <class T>
+BasicTensor<T> gelu(const BasicTensor<T>& x, GeluApproximation approximate = GeluApproximation::none) {
+  constexpr T kInvSqrt2 = T(0.70710678118654752440);
+  constexpr T kInvSqrt2Pi = T(0.39894228040143267794);
+  constexpr T kSqrt2OverPi = T(0.79788456080286535588);
+  constexpr T kCubic = T(0.044715);
+  if (approximate == GeluApproximation::tanh)
+    return detail::unary_saving_input(
+        "gelu_tanh", x,
+        [=](const auto& a) { return T(0.5) * a * (T(1) + (kSqrt2OverPi * (a + kCubic * a.cube())).tanh()); },
+        [=](const auto& dy, const auto& a) {
+          const auto t = (kSqrt2OverPi * (a + kCubic * a.cube())).tanh();
+          return dy * (T(0.5) * (T(1) + t) +
+                       T(0.5) * a * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * a.square()));
+        });
+  return detail::unary_saving_input(
+      "gelu", x, [=](const auto& a) { return a * T(0.5) * (T(1) + (a * kInvSqrt2).erf()); },
+      [=](const auto& dy, const auto& a) {
+        return dy * (T(0.5) * (T(1) + (a * kInvSqrt2).erf()) + a * kInvSqrt2Pi * (T(-0.5) * a.square()).exp());
+      });
+}
+
+/// PyTorch's spelling: gelu(x, "tanh") or gelu(x, "none").
+template <class T>
+BasicTensor<T> gelu(const BasicTensor<T>& x, std::string_view approximate) {
+  REMAT_CHECK(approximate == "none" || approximate == "tanh",
+              "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+  return gelu(x, approximate == "tanh" ? GeluApproximation::tanh : GeluApproximation::none);
+}
+
+}  // namespace remat

@@ -1,0 +1,74 @@
+#pragma once
+#include <cmath>
+
+#include "remat/core/tape.hpp"
+
+namespace remat {
+
+/// Over the last dim of size C, per row:  μ = mean(x), r = 1/√(var(x) + eps) (biased variance),
+/// x̂ = (x - μ) r,  y = x̂ ⊙ w + b  (w, b of shape (C,), either may be undefined).
+/// Backward, with g = dy ⊙ w:
+///   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy,  dx = r (g - mean(g) - x̂ mean(g ⊙ x̂)).
+/// Saves: x, w, and per row μ and r (two scalars a row); x̂ is recomputed from them.
+template <class T>
+BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias,
+                          double eps = 1e-5) {
+  REMAT_CHECK(x.dim() >= 1, "layer_norm: needs a tensor of rank >= 1, got shape {}", x.shape());
+  const std::int64_t c = x.size(-1);
+  REMAT_CHECK(!weight.defined() || weight.shape() == Shape{c},
+              "layer_norm: weight has shape {}, expected ({},) for input {}", weight.shape(), c, x.shape());
+  REMAT_CHECK(!bias.defined() || bias.shape() == Shape{c},
+              "layer_norm: bias has shape {}, expected ({},) for input {}", bias.shape(), c, x.shape());
+  REMAT_CHECK(c > 0, "layer_norm: the normalised dim of shape {} is empty", x.shape());
+  const std::int64_t n = x.numel() / c;
+  BasicTensor<T> y(x.shape()), mean(Shape{n}), rstd(Shape{n});
+  auto in = detail::rows(x, c);
+  auto out = detail::rows(y, c);
+  auto mu = detail::flat(mean);
+  auto r = detail::flat(rstd);
+  mu = in.rowwise().mean();
+  out = in.colwise() - mu;
+  r = ((out.square().rowwise().sum() / static_cast<T>(c)) + static_cast<T>(eps)).rsqrt();
+  out.colwise() *= r;
+  if (weight.defined()) out.rowwise() *= detail::flat(weight).transpose();
+  if (bias.defined()) out.rowwise() += detail::flat(bias).transpose();
+
+  if (detail::grad_needed(x, weight, bias)) {
+    std::vector<detail::SavedTensor> saved{x, mean, rstd};
+    if (weight.defined()) saved.emplace_back(weight);
+    detail::record<T>(
+        "layer_norm", {x, weight, bias}, {&y}, std::move(saved),
+        [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
+          const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
+          auto mu = detail::flat(mv);
+          auto r = detail::flat(rv);
+          auto dy = detail::rows(ctx.grad_output(), c);
+          using Rows = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+          const Rows xhat = (detail::rows(xv, c).colwise() - mu).colwise() * r;
+          if (ctx.needs_grad(1)) {
+            BasicTensor<T> dw(Shape{c});
+            detail::flat(dw) = (dy * xhat).colwise().sum().transpose();
+            ctx.accumulate(1, std::move(dw));
+          }
+          if (ctx.needs_grad(2)) {
+            BasicTensor<T> db(Shape{c});
+            detail::flat(db) = dy.colwise().sum().transpose();
+            ctx.accumulate(2, std::move(db));
+          }
+          if (ctx.needs_grad(0)) {
+            Rows g = dy;
+            if (has_weight) g.rowwise() *= detail::flat(ctx.saved(3)).transpose();
+            const auto inv_c = T(1) / static_cast<T>(c);
+            BasicTensor<T> dx(xv.shape());
+            detail::rows(dx, c) = ((g.colwise() - g.rowwise().sum() * inv_c) -
+                                   xhat.colwise() * ((g * xhat).rowwise().sum() * inv_c))
+                                      .colwise() *
+                                  r;
+            ctx.accumulate(0, std::move(dx));
+          }
+        });
+  }
+  return y;
+}
+
+}  // namespace remat

@@ -1,0 +1,13 @@
+#pragma once
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// y = log(x).  dx = dy / x.  Saves: x.
+template <class T>
+BasicTensor<T> log(const BasicTensor<T>& x) {
+  return detail::unary_saving_input(
+      "log", x, [](const auto& a) { return a.log(); }, [](const auto& dy, const auto& v) { return dy / v; });
+}
+
+}  // namespace remat

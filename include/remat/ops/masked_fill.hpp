@@ -1,0 +1,55 @@
+#pragma once
+#include <type_traits>
+
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/broadcast.hpp"
+
+namespace remat {
+namespace detail {
+
+/// out = where(mask, fill, x), mask broadcast to x's shape.
+template <class T>
+BasicTensor<T> masked_select_fill(const BasicTensor<T>& x, const BoolTensor& mask, T fill) {
+  BasicTensor<T> out(x.shape());
+  const auto n = padded_sizes(x.shape());
+  const auto sm = broadcast_strides(mask.shape(), x.shape());
+  const T* px = x.data();
+  const bool* pm = mask.data();
+  T* po = out.data();
+  for (std::int64_t i0 = 0; i0 < n[0]; ++i0)
+    for (std::int64_t i1 = 0; i1 < n[1]; ++i1)
+      for (std::int64_t i2 = 0; i2 < n[2]; ++i2) {
+        const bool* row = pm + i0 * sm[0] + i1 * sm[1] + i2 * sm[2];
+        for (std::int64_t i3 = 0; i3 < n[3]; ++i3, ++px, ++po) *po = row[i3 * sm[3]] ? fill : *px;
+      }
+  return out;
+}
+
+}  // namespace detail
+
+/// y = value where mask, else x; mask broadcasts to x's shape (e.g. (T, T) over (B, H, T, T)).
+/// dx = dy where not mask, else 0.  Saves: mask.
+template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
+BasicTensor<T> masked_fill(const BasicTensor<T>& x, const BoolTensor& mask, S value) {
+  REMAT_CHECK(detail::broadcast_shape(x.shape(), mask.shape(), "masked_fill") == x.shape(),
+              "masked_fill: mask of shape {} must broadcast to the input's shape {}", mask.shape(), x.shape());
+  BasicTensor<T> y = detail::masked_select_fill(x, mask, static_cast<T>(value));
+  if (detail::grad_needed(x))
+    detail::record<T>("masked_fill", {x}, {&y}, {mask}, [](detail::BackwardContext<T>& ctx) {
+      ctx.accumulate(0, detail::masked_select_fill(ctx.grad_output(), ctx.template saved<bool>(0), T(0)));
+    });
+  return y;
+}
+
+/// The (T, T) mask of future positions: true where column > row. For causal attention:
+/// masked_fill(scores, causal_mask(T), -inf).
+inline BoolTensor causal_mask(std::int64_t t) {
+  REMAT_CHECK(t >= 0, "causal_mask: size must be non-negative, got {}", t);
+  BoolTensor m(Shape{t, t});
+  bool* p = m.data();
+  for (std::int64_t i = 0; i < t; ++i)
+    for (std::int64_t j = 0; j < t; ++j) p[i * t + j] = j > i;
+  return m;
+}
+
+}  // namespace remat

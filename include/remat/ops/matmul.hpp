@@ -1,0 +1,125 @@
+#pragma once
+// Matrix product on Eigen's GEMM (multi-threaded with OpenMP), 2-D and batched.
+
+#include <array>
+
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/broadcast.hpp"
+
+namespace remat {
+namespace detail {
+
+/// Batch dims of a (..., M, K) @ (..., K, N) product: the broadcast of both batch shapes, and for
+/// each operand the element offset of every output batch.
+struct MatmulBatches {
+  Shape batch;  // broadcast batch shape, rank 0 to 2
+  std::vector<std::int64_t> a_offset, b_offset;
+};
+
+inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
+  const Shape ba = Shape(std::vector<std::int64_t>(a.begin(), a.end() - 2));
+  const Shape bb = Shape(std::vector<std::int64_t>(b.begin(), b.end() - 2));
+  MatmulBatches m;
+  m.batch = broadcast_shape(ba, bb, "matmul");
+  const std::int64_t a_mat = a[a.rank() - 2] * a[a.rank() - 1], b_mat = b[b.rank() - 2] * b[b.rank() - 1];
+  const auto n = padded_sizes(m.batch);
+  const auto sa = broadcast_strides(ba, m.batch), sb = broadcast_strides(bb, m.batch);
+  for (std::int64_t i2 = 0; i2 < n[2]; ++i2)
+    for (std::int64_t i3 = 0; i3 < n[3]; ++i3) {
+      m.a_offset.push_back((i2 * sa[2] + i3 * sa[3]) * a_mat);
+      m.b_offset.push_back((i2 * sb[2] + i3 * sb[3]) * b_mat);
+    }
+  return m;
+}
+
+}  // namespace detail
+
+/// C = A B over the last two dims: A (..., M, K), B (..., K, N) -> (..., M, N); batch dims
+/// broadcast. When B is 2-D, A's leading dims fold into one (M·batch, K) GEMM.
+/// dA = dC Bᵀ, dB = Aᵀ dC, each summed over the batch dims its operand was broadcast along.
+/// Saves: B if A needs a gradient, A if B does.
+template <class T>
+BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  using detail::ConstMatrixMap;
+  using detail::MatrixMap;
+  REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
+              a.shape(), b.shape());
+  const std::int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  REMAT_CHECK(b.size(-2) == K, "matmul: inner dims differ: {} @ {} (A's last dim {} vs B's dim -2 {})",
+              a.shape(), b.shape(), K, b.size(-2));
+  const bool fold = b.dim() == 2;  // (..., M, K) @ (K, N): one GEMM over all rows of A
+  detail::MatmulBatches batches;
+  Shape out_shape;
+  if (fold) {
+    std::vector<std::int64_t> s = a.shape().vec();
+    s.back() = N;
+    out_shape = Shape(s);
+  } else {
+    batches = detail::matmul_batches(a.shape(), b.shape());
+    std::vector<std::int64_t> s = batches.batch.vec();
+    s.push_back(M);
+    s.push_back(N);
+    out_shape = Shape(s);
+  }
+  BasicTensor<T> c(out_shape);
+  if (fold) {
+    detail::matrix(c, N).noalias() = detail::matrix(a, K) * ConstMatrixMap<T>(b.data(), K, N);
+  } else {
+    const T* pa = a.data();
+    const T* pb = b.data();
+    T* pc = c.data();
+    for (std::size_t i = 0; i < batches.a_offset.size(); ++i)
+      MatrixMap<T>(pc + static_cast<std::int64_t>(i) * M * N, M, N).noalias() =
+          ConstMatrixMap<T>(pa + batches.a_offset[i], M, K) * ConstMatrixMap<T>(pb + batches.b_offset[i], K, N);
+  }
+  if (detail::grad_needed(a, b)) {
+    const bool da = a.requires_grad(), db = b.requires_grad();
+    std::vector<detail::SavedTensor> saved;
+    if (da) saved.emplace_back(b);
+    if (db) saved.emplace_back(a);
+    detail::record<T>(
+        "matmul", {a, b}, {&c}, std::move(saved),
+        [da, db, fold, batches, sa = a.shape(), sb = b.shape(), M, K, N](detail::BackwardContext<T>& ctx) {
+          const BasicTensor<T>& dc = ctx.grad_output();
+          const BasicTensor<T> bv = da ? ctx.saved(0) : BasicTensor<T>();
+          const BasicTensor<T> av = db ? ctx.saved(da ? 1 : 0) : BasicTensor<T>();
+          if (fold) {
+            if (da) {
+              BasicTensor<T> ga(sa);
+              detail::matrix(ga, K).noalias() = detail::matrix(dc, N) * ConstMatrixMap<T>(bv.data(), K, N).transpose();
+              ctx.accumulate(0, std::move(ga));
+            }
+            if (db) {
+              BasicTensor<T> gb(sb);
+              detail::matrix(gb, N).noalias() = detail::matrix(av, K).transpose() * detail::matrix(dc, N);
+              ctx.accumulate(1, std::move(gb));
+            }
+            return;
+          }
+          BasicTensor<T> ga, gb;
+          if (da) {
+            ga = BasicTensor<T>(sa);
+            detail::flat(ga).setZero();
+          }
+          if (db) {
+            gb = BasicTensor<T>(sb);
+            detail::flat(gb).setZero();
+          }
+          const T* pdc = dc.data();
+          for (std::size_t i = 0; i < batches.a_offset.size(); ++i) {
+            ConstMatrixMap<T> dci(pdc + static_cast<std::int64_t>(i) * M * N, M, N);
+            if (da)
+              MatrixMap<T>(ga.data() + batches.a_offset[i], M, K).noalias() +=
+                  dci * ConstMatrixMap<T>(bv.data() + batches.b_offset[i], K, N).transpose();
+            if (db)
+              MatrixMap<T>(gb.data() + batches.b_offset[i], K, N).noalias() +=
+                  ConstMatrixMap<T>(av.data() + batches.a_offset[i], M, K).transpose() * dci;
+          }
+          if (da) ctx.accumulate(0, std::move(ga));
+          if (db) ctx.accumulate(1, std::move(gb));
+        });
+  }
+  return c;
+}
+
+}  // namespace remat

@@ -1,0 +1,53 @@
+#pragma once
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/reduce.hpp"
+
+namespace remat {
+
+template <class T>
+struct MaxResult {
+  BasicTensor<T> values;
+  LongTensor indices;  ///< position of the (first) maximum along the reduced dim
+};
+
+/// values[o, i] = max_k x[o, k, i], indices = argmax (first on ties, as PyTorch on CPU).
+/// dx[o, indices[o, i], i] = dy[o, i], zero elsewhere.  Saves: indices.
+template <class T>
+MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false) {
+  const int d = x.shape().dim(dim, "max");
+  const std::int64_t outer = x.shape().outer(d), n = x.shape()[d], inner = x.shape().inner(d);
+  REMAT_CHECK(n > 0, "max: dim {} of shape {} is empty; a maximum needs at least one element", dim, x.shape());
+  const Shape out_shape = detail::reduced_shape(x.shape(), d, keepdim);
+  BasicTensor<T> values(out_shape);
+  LongTensor indices(out_shape);
+  const T* px = x.data();
+  T* pv = values.data();
+  std::int64_t* pi = indices.data();
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < inner; ++i) {
+      const T* col = px + o * n * inner + i;
+      std::int64_t best = 0;
+      for (std::int64_t k = 1; k < n; ++k)
+        if (col[k * inner] > col[best * inner] || (col[k * inner] != col[k * inner] && col[best * inner] == col[best * inner]))
+          best = k;  // NaN wins, as in PyTorch
+      pv[o * inner + i] = col[best * inner];
+      pi[o * inner + i] = best;
+    }
+  if (detail::grad_needed(x))
+    detail::record<T>("max_dim", {x}, {&values}, {indices}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
+      const std::int64_t outer = shape.outer(d), n = shape[d], inner = shape.inner(d);
+      const LongTensor idx = ctx.template saved<std::int64_t>(0);
+      const T* pd = ctx.grad_output().data();
+      const std::int64_t* pi = idx.data();
+      BasicTensor<T> dx(shape);
+      detail::flat(dx).setZero();
+      T* px = dx.data();
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (std::int64_t i = 0; i < inner; ++i)
+          px[(o * n + pi[o * inner + i]) * inner + i] = pd[o * inner + i];
+      ctx.accumulate(0, std::move(dx));
+    });
+  return {values, indices};
+}
+
+}  // namespace remat

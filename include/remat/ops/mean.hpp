@@ -1,0 +1,38 @@
+#pragma once
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/reduce.hpp"
+
+namespace remat {
+
+/// y = (1/n) Σ x over all n elements, a scalar.  dx = dy / n everywhere.  Saves: nothing.
+template <class T>
+BasicTensor<T> mean(const BasicTensor<T>& x) {
+  REMAT_CHECK(x.numel() > 0, "mean: the tensor of shape {} has no elements", x.shape());
+  BasicTensor<T> y(Shape{});
+  y.data()[0] = detail::flat(x).mean();
+  if (detail::grad_needed(x))
+    detail::record<T>("mean", {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+      BasicTensor<T> dx(shape);
+      detail::flat(dx).setConstant(ctx.grad_output().data()[0] / static_cast<T>(shape.numel()));
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+/// y = (1/n) Σ_k x[..., k, ...] over `dim` of size n.  dx = dy / n repeated along dim.
+/// Saves: nothing.
+template <class T>
+BasicTensor<T> mean(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false) {
+  const int d = x.shape().dim(dim, "mean");
+  const std::int64_t n = x.shape()[d];
+  REMAT_CHECK(n > 0, "mean: dim {} of shape {} is empty", dim, x.shape());
+  const T scale = T(1) / static_cast<T>(n);
+  BasicTensor<T> y = detail::sum_over_dim(x, d, keepdim, scale);
+  if (detail::grad_needed(x))
+    detail::record<T>("mean_dim", {x}, {&y}, {}, [shape = x.shape(), d, scale](detail::BackwardContext<T>& ctx) {
+      ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, scale));
+    });
+  return y;
+}
+
+}  // namespace remat

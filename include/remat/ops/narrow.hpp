@@ -1,0 +1,59 @@
+#pragma once
+#include <cstring>
+
+#include "remat/core/tape.hpp"
+
+namespace remat {
+namespace detail {
+
+/// Copies a block of `length` positions along `dim` between tensors laid out as (outer, n, inner):
+/// from src positions [src_start, +length) to dst positions [dst_start, +length).
+template <class T>
+void copy_along(const BasicTensor<T>& src, std::int64_t src_start, BasicTensor<T>& dst, std::int64_t dst_start,
+                int dim, std::int64_t length) {
+  const std::int64_t outer = src.shape().outer(dim), inner = src.shape().inner(dim);
+  const std::int64_t ns = src.shape()[dim], nd = dst.shape()[dim];
+  const T* ps = src.data();
+  T* pd = dst.data();
+  const std::size_t bytes = static_cast<std::size_t>(length * inner) * sizeof(T);
+  if (bytes == 0) return;
+  for (std::int64_t o = 0; o < outer; ++o)
+    std::memcpy(pd + (o * nd + dst_start) * inner, ps + (o * ns + src_start) * inner, bytes);
+}
+
+}  // namespace detail
+
+/// y = x[..., start : start + length, ...] along `dim`, copied.
+/// dx = zeros with dy placed at [start, start + length).  Saves: nothing.
+template <class T>
+BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
+  const int d = x.shape().dim(dim, "narrow");
+  const std::int64_t n = x.shape()[d];
+  if (start < 0) start += n;
+  REMAT_CHECK(start >= 0 && length >= 0 && start + length <= n,
+              "narrow: range [{}, {}) is outside dim {} of shape {} (size {})", start, start + length, dim,
+              x.shape(), n);
+  BasicTensor<T> y(x.shape().with(d, length));
+  detail::copy_along(x, start, y, 0, d, length);
+  if (detail::grad_needed(x))
+    detail::record<T>("narrow", {x}, {&y}, {}, [shape = x.shape(), d, start, length](detail::BackwardContext<T>& ctx) {
+      BasicTensor<T> dx(shape);
+      detail::flat(dx).setZero();
+      detail::copy_along(ctx.grad_output(), 0, dx, start, d, length);
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+/// y = x[..., start:end, ...] along `dim` (Python slice bounds: negative counts from the end,
+/// out-of-range bounds clamp).
+template <class T>
+BasicTensor<T> slice(const BasicTensor<T>& x, std::int64_t dim, std::int64_t start, std::int64_t end) {
+  const int d = x.shape().dim(dim, "slice");
+  const std::int64_t n = x.shape()[d];
+  auto clamp = [n](std::int64_t i) { return std::min(n, std::max<std::int64_t>(0, i < 0 ? i + n : i)); };
+  const std::int64_t s = clamp(start), e = clamp(end);
+  return narrow(x, d, s, std::max<std::int64_t>(0, e - s));
+}
+
+}  // namespace remat

@@ -1,0 +1,16 @@
+#pragma once
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// y = -x.  dx = -dy.  Saves: nothing.
+template <class T>
+BasicTensor<T> neg(const BasicTensor<T>& x) {
+  return detail::unary_saving_nothing(
+      "neg", x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; });
+}
+
+template <class T>
+BasicTensor<T> operator-(const BasicTensor<T>& x) { return neg(x); }
+
+}  // namespace remat

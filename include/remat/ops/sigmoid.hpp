@@ -1,0 +1,14 @@
+#pragma once
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// y = 1 / (1 + exp(-x)).  dx = dy * y * (1 - y).  Saves: y.
+template <class T>
+BasicTensor<T> sigmoid(const BasicTensor<T>& x) {
+  return detail::unary_saving_output(
+      "sigmoid", x, [](const auto& a) { return a.logistic(); },
+      [](const auto& dy, const auto& y) { return dy * y * (T(1) - y); });
+}
+
+}  // namespace remat

@@ -1,0 +1,60 @@
+#pragma once
+#include "remat/core/tape.hpp"
+
+namespace remat {
+namespace detail {
+
+inline void check_last_dim(const Shape& s, std::int64_t dim, const char* op) {
+  const int d = s.dim(dim, op);
+  REMAT_CHECK(d == s.rank() - 1, "{}: only the last dim is supported (dim -1 or {}), got dim {} for shape {}",
+              op, s.rank() - 1, dim, s);
+}
+
+}  // namespace detail
+
+/// y = exp(x - max) / Σ exp(x - max) over the last dim (shifting by the row max keeps exp finite).
+/// dx = y ⊙ (dy - Σ_j dy_j y_j)   (the Jacobian is diag(y) - y yᵀ).  Saves: y.
+template <class T>
+BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
+  detail::check_last_dim(x.shape(), dim, "softmax");
+  const std::int64_t c = x.size(-1);
+  BasicTensor<T> y(x.shape());
+  auto in = detail::rows(x, c);
+  auto out = detail::rows(y, c);
+  out = (in.colwise() - in.rowwise().maxCoeff()).exp();
+  out.colwise() /= out.rowwise().sum();
+  if (detail::grad_needed(x))
+    detail::record<T>("softmax", {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
+      const BasicTensor<T> yv = ctx.saved(0);
+      auto ys = detail::rows(yv, c);
+      auto dy = detail::rows(ctx.grad_output(), c);
+      BasicTensor<T> dx(yv.shape());
+      detail::rows(dx, c) = ys * (dy.colwise() - (dy * ys).rowwise().sum());
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+/// y = x - max - log Σ exp(x - max) over the last dim.
+/// dx = dy - exp(y) Σ_j dy_j.  Saves: y.
+template <class T>
+BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
+  detail::check_last_dim(x.shape(), dim, "log_softmax");
+  const std::int64_t c = x.size(-1);
+  BasicTensor<T> y(x.shape());
+  auto in = detail::rows(x, c);
+  auto out = detail::rows(y, c);
+  out = in.colwise() - in.rowwise().maxCoeff();
+  out.colwise() -= out.exp().rowwise().sum().log();
+  if (detail::grad_needed(x))
+    detail::record<T>("log_softmax", {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
+      const BasicTensor<T> yv = ctx.saved(0);
+      auto dy = detail::rows(ctx.grad_output(), c);
+      BasicTensor<T> dx(yv.shape());
+      detail::rows(dx, c) = dy - detail::rows(yv, c).exp().colwise() * dy.rowwise().sum();
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+}  // namespace remat

@@ -1,0 +1,34 @@
+#pragma once
+#include "remat/core/tape.hpp"
+#include "remat/ops/detail/reduce.hpp"
+
+namespace remat {
+
+/// y = Σ x over all elements, a scalar (rank 0).  dx = dy everywhere.  Saves: nothing.
+template <class T>
+BasicTensor<T> sum(const BasicTensor<T>& x) {
+  BasicTensor<T> y(Shape{});
+  y.data()[0] = detail::flat(x).sum();
+  if (detail::grad_needed(x))
+    detail::record<T>("sum", {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+      BasicTensor<T> dx(shape);
+      detail::flat(dx).setConstant(ctx.grad_output().data()[0]);
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
+/// y = Σ_k x[..., k, ...] over `dim` (negative counts from the end).  dx = dy repeated along dim.
+/// Saves: nothing.
+template <class T>
+BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false) {
+  const int d = x.shape().dim(dim, "sum");
+  BasicTensor<T> y = detail::sum_over_dim(x, d, keepdim, T(1));
+  if (detail::grad_needed(x))
+    detail::record<T>("sum_dim", {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
+      ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));
+    });
+  return y;
+}
+
+}  // namespace remat

@@ -1,0 +1,14 @@
+#pragma once
+#include "remat/ops/detail/unary.hpp"
+
+namespace remat {
+
+/// y = tanh(x).  dx = dy * (1 - y²).  Saves: y.
+template <class T>
+BasicTensor<T> tanh(const BasicTensor<T>& x) {
+  return detail::unary_saving_output(
+      "tanh", x, [](const auto& a) { return a.tanh(); },
+      [](const auto& dy, const auto& y) { return dy * (T(1) - y * y); });
+}
+
+}  // namespace remat

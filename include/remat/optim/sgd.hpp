@@ -1,0 +1,53 @@
+#pragma once
+#include <unordered_map>
+
+#include "remat/core/factory.hpp"
+#include "remat/core/tape.hpp"
+#include "remat/optim/optimizer.hpp"
+
+namespace remat::optim {
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;  ///< L2, added to the gradient (PyTorch's SGD semantics)
+  bool nesterov = false;
+};
+
+/// PyTorch's SGD: g = ∇ + wd·p;  b = μ b + g (b = g on the first step);  p -= lr · (nesterov ? g + μ b : b).
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor*> params, SGDOptions opt = {})
+      : Optimizer({ParamGroup{std::move(params), opt.weight_decay}}, opt.lr), opt_(opt) {
+    REMAT_CHECK(opt.momentum >= 0, "SGD: momentum must be non-negative, got {}", opt.momentum);
+    REMAT_CHECK(!opt.nesterov || opt.momentum > 0, "SGD: nesterov needs a positive momentum");
+  }
+
+  void step() override {
+    no_grad guard;
+    const auto lr = static_cast<float>(lr_), mu = static_cast<float>(opt_.momentum);
+    for (ParamGroup& group : groups_) {
+      const auto wd = static_cast<float>(group.weight_decay);
+      for (Tensor* p : group.params) {
+        const Tensor grad = p->grad();
+        if (!grad.defined()) continue;
+        Tensor g = detail::copy_of(grad);
+        if (wd != 0) detail::flat(g) += wd * detail::flat(*p);
+        if (mu != 0) {
+          auto [it, fresh] = momentum_.try_emplace(p, Tensor());
+          if (fresh) it->second = detail::copy_of(g);
+          else detail::flat(it->second) = mu * detail::flat(it->second) + detail::flat(g);
+          if (opt_.nesterov) detail::flat(g) += mu * detail::flat(it->second);
+          else g = it->second;
+        }
+        detail::flat(*p) -= lr * detail::flat(g);
+      }
+    }
+  }
+
+ private:
+  SGDOptions opt_;
+  std::unordered_map<const Tensor*, Tensor> momentum_;
+};
+
+}  // namespace remat::optim

@@ -1,0 +1,57 @@
+#include "support.hpp"
+
+using namespace remat;
+
+TEST_CASE("philox: matches the Random123 known-answer vectors", "[core][random]") {
+  using detail::philox4x32_10;
+  using A4 = std::array<std::uint32_t, 4>;
+  CHECK(philox4x32_10({0, 0, 0, 0}, {0, 0}) == A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}) == A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  CHECK(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}) ==
+        A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+}
+
+TEST_CASE("generator: state is (seed, offset) and restoring it replays the numbers", "[core][random]") {
+  Generator g(42);
+  const Tensor a = rand({3, 5}, g);
+  CHECK(g.state() == Generator::State{42, 4});  // 15 floats = 4 blocks of four
+  const Generator::State mid = g.state();
+  const Tensor b = randn({7}, g);
+  g.set_state(mid);
+  const Tensor c = randn({7}, g);
+  CHECK(test::values(b) == test::values(c));
+  Generator h(42);
+  CHECK(test::values(rand({3, 5}, h)) == test::values(a));
+  Generator other(43);
+  CHECK(test::values(rand({3, 5}, other)) != test::values(a));
+}
+
+TEST_CASE("generator: uniforms lie in the unit interval and normals have unit moments", "[core][random]") {
+  Generator g(7);
+  const DoubleTensor u = rand<double>({100000}, g);
+  CHECK(detail::flat(u).minCoeff() >= 0.0);
+  CHECK(detail::flat(u).maxCoeff() < 1.0);
+  CHECK(detail::flat(u).mean() == Approx(0.5).margin(0.01));
+  const DoubleTensor n = randn<double>({100000}, g);
+  const double mean = detail::flat(n).mean();
+  const double var = (detail::flat(n) - mean).square().mean();
+  CHECK(mean == Approx(0.0).margin(0.01));  // 3 sigma of the sample mean is ~0.0095
+  CHECK(var == Approx(1.0).margin(0.02));
+}
+
+TEST_CASE("generator: the default generator is reseeded by manual_seed", "[core][random]") {
+  manual_seed(5);
+  const Tensor a = randn({4});
+  manual_seed(5);
+  CHECK(test::values(randn({4})) == test::values(a));
+}
+
+TEST_CASE("randint: draws integers from low up to high and rejects an empty range", "[core][random]") {
+  Generator g(1);
+  const LongTensor t = randint(3, 9, {1000}, g);
+  for (std::int64_t v : t.to_vector()) {
+    CHECK(v >= 3);
+    CHECK(v < 9);
+  }
+  REQUIRE_ERROR(randint(4, 4, {2}, g), "randint", "[4, 4)");
+}

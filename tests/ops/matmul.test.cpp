@@ -1,0 +1,44 @@
+#include "support.hpp"
+
+using namespace remat;
+
+TEST_CASE("matmul: 2-D product matches the hand computation", "[ops][matmul]") {
+  const Tensor a = tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}, {2, 3});
+  const Tensor b = tensor({1.f, 0.f, 0.f, 1.f, 1.f, 1.f}, {3, 2});
+  CHECK(test::values(matmul(a, b)) == std::vector<float>{4, 5, 10, 11});
+}
+
+TEST_CASE("matmul: batched and broadcast batches equal per-batch products", "[ops][matmul]") {
+  Generator g(3);
+  const DoubleTensor a = randn<double>({2, 3, 4, 5}, g);
+  const DoubleTensor b = randn<double>({3, 5, 2}, g);
+  const DoubleTensor c = matmul(a, b);
+  REQUIRE(c.shape() == Shape{2, 3, 4, 2});
+  for (std::int64_t i = 0; i < 2; ++i)
+    for (std::int64_t j = 0; j < 3; ++j) {
+      const DoubleTensor ai = reshape(narrow(narrow(a, 0, i, 1), 1, j, 1), {4, 5});
+      const DoubleTensor bj = reshape(narrow(b, 0, j, 1), {5, 2});
+      const DoubleTensor cij = reshape(narrow(narrow(c, 0, i, 1), 1, j, 1), {4, 2});
+      CHECK(test::all_close(matmul(ai, bj), cij, 1e-12));
+    }
+  // (..., M, K) @ (K, N) folds the leading dims into one GEMM.
+  const DoubleTensor w = randn<double>({5, 3}, g);
+  const DoubleTensor folded = matmul(a, w);
+  CHECK(folded.shape() == Shape{2, 3, 4, 3});
+  CHECK(test::all_close(reshape(folded, {24, 3}), matmul(reshape(a, {24, 5}), w), 1e-12));
+}
+
+TEST_CASE("matmul: backward matches finite differences in every layout", "[ops][matmul]") {
+  auto mm = [](test::Inputs x) { return matmul(x[0], x[1]); };
+  test::require_gradcheck(mm, {randn<double>({3, 4}), randn<double>({4, 2})});
+  test::require_gradcheck(mm, {randn<double>({2, 3, 4}), randn<double>({4, 2})});
+  test::require_gradcheck(mm, {randn<double>({2, 3, 4}), randn<double>({2, 4, 2})});
+  test::require_gradcheck(mm, {randn<double>({2, 1, 3, 4}), randn<double>({3, 4, 2})});
+  test::require_gradcheck(mm, {randn<double>({3, 4}), randn<double>({2, 4, 2})});
+}
+
+TEST_CASE("matmul: mismatched inner dims and rank-1 inputs throw", "[ops][matmul]") {
+  REQUIRE_ERROR(matmul(zeros({2, 3}), zeros({4, 2})), "matmul", "(2, 3)", "(4, 2)", "inner");
+  REQUIRE_ERROR(matmul(zeros({3}), zeros({3, 2})), "matmul", "rank");
+  REQUIRE_ERROR(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), "matmul", "broadcast");
+}
