@@ -1,0 +1,226 @@
+// Trains a character-level GPT on a text file (default: examples/data/corpus.txt, fables the
+// project generates itself), printing step, loss, tokens/s and peak memory, then saves the weights
+// as safetensors and prints a sample.
+//
+//   train_gpt [--data PATH] [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 16]
+//             [--steps 300] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 25]
+//             [--out gpt.safetensors] [--sample 300]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <remat/remat.hpp>
+
+#ifndef REMAT_EXAMPLE_DATA
+#define REMAT_EXAMPLE_DATA "examples/data/corpus.txt"
+#endif
+
+namespace {
+
+using namespace remat;
+
+struct Options {
+  std::string data = REMAT_EXAMPLE_DATA;
+  std::string out = "gpt.safetensors";
+  std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 300, seed = 1;
+  std::int64_t log_every = 25, sample = 300;
+  double lr = 3e-3, dropout = 0.0;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::map<std::string, std::string> kv;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    REMAT_CHECK(a.rfind("--", 0) == 0, "train_gpt: unexpected argument '{}' (flags look like --steps 100)", a);
+    a = a.substr(2);
+    if (const auto eq = a.find('='); eq != std::string::npos) {
+      kv[a.substr(0, eq)] = a.substr(eq + 1);
+    } else {
+      REMAT_CHECK(i + 1 < argc, "train_gpt: flag --{} needs a value", a);
+      kv[a] = argv[++i];
+    }
+  }
+  auto take_int = [&](const char* k, std::int64_t& v) {
+    if (auto it = kv.find(k); it != kv.end()) {
+      v = std::stoll(it->second);
+      kv.erase(it);
+    }
+  };
+  auto take_double = [&](const char* k, double& v) {
+    if (auto it = kv.find(k); it != kv.end()) {
+      v = std::stod(it->second);
+      kv.erase(it);
+    }
+  };
+  auto take_string = [&](const char* k, std::string& v) {
+    if (auto it = kv.find(k); it != kv.end()) {
+      v = it->second;
+      kv.erase(it);
+    }
+  };
+  take_string("data", o.data);
+  take_string("out", o.out);
+  take_int("layers", o.layers);
+  take_int("width", o.width);
+  take_int("heads", o.heads);
+  take_int("context", o.context);
+  take_int("batch", o.batch);
+  take_int("steps", o.steps);
+  take_int("seed", o.seed);
+  take_int("log-every", o.log_every);
+  take_int("sample", o.sample);
+  take_double("lr", o.lr);
+  take_double("dropout", o.dropout);
+  REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
+  REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
+              "must be positive and context above 1");
+  return o;
+}
+
+/// A character vocabulary and the text as ids.
+struct Corpus {
+  std::string chars;              // id -> character
+  std::vector<std::int64_t> ids;  // the text
+  double unigram_entropy = 0;     // nats per character: the loss of a model that ignores context
+};
+
+Corpus load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REMAT_CHECK(in.good(), "train_gpt: cannot read {}", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  Corpus c;
+  const std::set<char> unique(text.begin(), text.end());
+  c.chars.assign(unique.begin(), unique.end());
+  std::array<std::int64_t, 256> id{};
+  for (std::size_t i = 0; i < c.chars.size(); ++i) id[static_cast<unsigned char>(c.chars[i])] = static_cast<std::int64_t>(i);
+  std::vector<double> counts(c.chars.size());
+  for (char ch : text) {
+    c.ids.push_back(id[static_cast<unsigned char>(ch)]);
+    ++counts[static_cast<std::size_t>(c.ids.back())];
+  }
+  for (double n : counts) c.unigram_entropy -= n / static_cast<double>(text.size()) * std::log(n / static_cast<double>(text.size()));
+  return c;
+}
+
+/// Random windows of context+1 characters from ids[lo, hi): inputs and next-character targets.
+std::pair<LongTensor, LongTensor> batch(const std::vector<std::int64_t>& ids, std::size_t lo, std::size_t hi,
+                                        std::int64_t B, std::int64_t T, Generator& gen) {
+  LongTensor x(Shape{B, T}), y(Shape{B, T});
+  const LongTensor starts = randint(static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi) - T - 1, {B}, gen);
+  std::int64_t* px = x.data();
+  std::int64_t* py = y.data();
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto s = static_cast<std::size_t>(starts.data()[b]);
+    std::copy(ids.begin() + static_cast<std::ptrdiff_t>(s), ids.begin() + static_cast<std::ptrdiff_t>(s) + T, px + b * T);
+    std::copy(ids.begin() + static_cast<std::ptrdiff_t>(s) + 1, ids.begin() + static_cast<std::ptrdiff_t>(s) + T + 1, py + b * T);
+  }
+  return {x, y};
+}
+
+std::string human_bytes(std::size_t b) {
+  return b >= (1u << 20) ? fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20))
+                         : fmt::format("{:.1f} KiB", static_cast<double>(b) / (1 << 10));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options opt = parse(argc, argv);
+  const Corpus corpus = load(opt.data);
+  const std::size_t split = corpus.ids.size() * 9 / 10;  // the last tenth is held out
+  REMAT_CHECK(split > static_cast<std::size_t>(opt.context) + 2, "train_gpt: {} is too short for context {}", opt.data, opt.context);
+
+  nn::GPTConfig cfg;
+  cfg.vocab_size = static_cast<std::int64_t>(corpus.chars.size());
+  cfg.block_size = opt.context;
+  cfg.n_layer = opt.layers;
+  cfg.n_head = opt.heads;
+  cfg.n_embd = opt.width;
+  cfg.dropout = opt.dropout;
+  Generator gen(static_cast<std::uint64_t>(opt.seed));
+  manual_seed(static_cast<std::uint64_t>(opt.seed));  // dropout draws from the default generator
+  nn::GPT model(cfg, gen);
+
+  // Weight decay on matrices only, not on biases, norms or embeddings' positions (GPT-2 practice).
+  optim::ParamGroup decay{{}, 0.1}, no_decay{{}, 0.0};
+  for (auto& [name, p] : model.named_parameters()) (p->dim() >= 2 ? decay : no_decay).params.push_back(p);
+  optim::AdamW opt_adamw({decay, no_decay}, {opt.lr, 0.9, 0.95, 1e-8});
+  const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, std::max<std::int64_t>(1, opt.steps / 10), opt.steps);
+
+  fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",
+             corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
+  fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads\n",
+             cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(), opt.batch, opt.steps, opt.lr,
+             get_num_threads());
+
+  using Clock = std::chrono::steady_clock;
+  auto window_start = Clock::now();
+  const auto run_start = window_start;
+  double window_loss = 0;
+  std::int64_t window_steps = 0;
+  double first_loss = 0, last_avg = 0;
+  for (std::int64_t step = 0; step < opt.steps; ++step) {
+    reset_peak_memory_stats();
+    auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
+    opt_adamw.set_lr(schedule(step));
+    Tensor loss = model.loss(x, y);
+    const std::size_t saved_at_forward_end = memory_stats().saved_bytes;
+    loss.backward();
+    optim::clip_grad_norm(model.parameters(), 1.0);
+    opt_adamw.step();
+    opt_adamw.zero_grad();
+    const double l = loss.item();
+    if (step == 0) first_loss = l;
+    window_loss += l;
+    ++window_steps;
+    if ((step + 1) % opt.log_every == 0 || step + 1 == opt.steps) {
+      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
+      last_avg = window_loss / static_cast<double>(window_steps);
+      fmt::print("step {:5d}/{}  loss {:.4f}  {:7.0f} tok/s  saved for backward {}  peak {}\n", step + 1, opt.steps,
+                 last_avg, static_cast<double>(window_steps * opt.batch * opt.context) / secs,
+                 human_bytes(saved_at_forward_end), human_bytes(memory_stats().peak_bytes));
+      window_start = Clock::now();
+      window_loss = 0;
+      window_steps = 0;
+    }
+  }
+  const double total_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  double held_out = 0;
+  {
+    no_grad guard;
+    model.eval();
+    Generator eval_gen(99);
+    for (int i = 0; i < 8; ++i) {
+      auto [x, y] = batch(corpus.ids, split, corpus.ids.size(), opt.batch, opt.context, eval_gen);
+      held_out += model.loss(x, y).item() / 8;
+    }
+  }
+  fmt::print("trained {} steps in {:.1f} s ({:.0f} tok/s): loss {:.3f} -> {:.3f}; held-out loss {:.3f} vs unigram "
+             "entropy {:.3f}\n", opt.steps, total_secs,
+             static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs, first_loss, last_avg, held_out,
+             corpus.unigram_entropy);
+
+  io::save(model, opt.out);
+  fmt::print("weights saved to {}\n", opt.out);
+  if (opt.sample > 0) {
+    const LongTensor start = tensor<std::int64_t>({static_cast<std::int64_t>(corpus.chars.find('\n'))}, {1, 1});
+    const LongTensor out = model.generate(start, opt.sample, 0.8, 10, gen);
+    std::string text;
+    for (std::int64_t id : out.to_vector()) text += corpus.chars[static_cast<std::size_t>(id)];
+    fmt::print("sample:\n{}\n", text);
+  }
+  return held_out < corpus.unigram_entropy ? 0 : 1;
+} catch (const remat::Error& e) {
+  fmt::print(stderr, "{}\n", e.what());
+  return 2;
+}

@@ -1,0 +1,38 @@
+// Writes what the PyTorch parity check compares against: a GPT's initial weights, one batch, and
+// remat's loss and every parameter gradient for that batch (float32, dropout off).
+//   gpt_parity OUT_DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB
+#include <string>
+
+#include <remat/remat.hpp>
+
+int main(int argc, char** argv) try {
+  using namespace remat;
+  REMAT_CHECK(argc == 8, "usage: gpt_parity OUT_DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB");
+  const std::string dir = argv[1];
+  nn::GPTConfig cfg;
+  cfg.n_layer = std::stoll(argv[2]);
+  cfg.n_embd = std::stoll(argv[3]);
+  cfg.n_head = std::stoll(argv[4]);
+  cfg.block_size = std::stoll(argv[5]);
+  const std::int64_t B = std::stoll(argv[6]);
+  cfg.vocab_size = std::stoll(argv[7]);
+  Generator gen(2024);
+  nn::GPT model(cfg, gen);
+  io::save(model, dir + "/weights.safetensors");
+
+  const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+  LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+  targets.at({0, 0}) = -100;  // one ignored position, so ignore_index is compared too
+  const Tensor loss = model.loss(idx, targets);
+  loss.backward();
+
+  io::TensorFile out{{"batch.idx", io::to_entry(idx)}, {"batch.targets", io::to_entry(targets)},
+                     {"loss", io::to_entry(loss.detach())}};
+  for (auto& [name, p] : model.named_parameters()) out.emplace("grad." + name, io::to_entry(p->grad()));
+  io::write_safetensors(dir + "/remat.safetensors", out);
+  fmt::print("remat: loss {:.6f}, {} parameter gradients written to {}\n", loss.item(), model.named_parameters().size(), dir);
+  return 0;
+} catch (const remat::Error& e) {
+  fmt::print(stderr, "{}\n", e.what());
+  return 2;
+}
