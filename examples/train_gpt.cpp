@@ -4,7 +4,10 @@
 //
 //   train_gpt [--data PATH] [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 16]
 //             [--steps 300] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 25]
-//             [--out gpt.safetensors] [--sample 300]
+//             [--out gpt.safetensors] [--sample 300] [--policy none|blocks]
+//
+// --policy blocks checkpoints every Transformer block: only block boundaries are kept during
+// forward, and each block's forward is replayed in backward.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,6 +31,7 @@ using namespace remat;
 struct Options {
   std::string data = REMAT_EXAMPLE_DATA;
   std::string out = "gpt.safetensors";
+  std::string policy = "none";
   std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 300, seed = 1;
   std::int64_t log_every = 25, sample = 300;
   double lr = 3e-3, dropout = 0.0;
@@ -67,6 +71,7 @@ Options parse(int argc, char** argv) {
   };
   take_string("data", o.data);
   take_string("out", o.out);
+  take_string("policy", o.policy);
   take_int("layers", o.layers);
   take_int("width", o.width);
   take_int("heads", o.heads);
@@ -79,6 +84,8 @@ Options parse(int argc, char** argv) {
   take_double("lr", o.lr);
   take_double("dropout", o.dropout);
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
+  REMAT_CHECK(o.policy == "none" || o.policy == "blocks", "train_gpt: --policy must be none or blocks, got '{}'",
+              o.policy);
   REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
               "must be positive and context above 1");
   return o;
@@ -156,11 +163,29 @@ int main(int argc, char** argv) try {
   optim::AdamW opt_adamw({decay, no_decay}, {opt.lr, 0.9, 0.95, 1e-8});
   const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, std::max<std::int64_t>(1, opt.steps / 10), opt.steps);
 
+  // One measured step in each mode, so the output shows what checkpointing buys on this model.
+  {
+    auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
+    for (const bool ck : {false, true}) {
+      model.checkpoint_blocks = ck;
+      const std::size_t base = memory_stats().saved_bytes;
+      MemoryScope scope;
+      Tensor loss = model.loss(x, y);
+      const std::size_t at_end = memory_stats().saved_bytes - base;
+      loss.backward();
+      fmt::print("{:<28} saved for backward at the end of forward {}, peak saved {}, peak tensor memory {}\n",
+                 ck ? "checkpoint every block:" : "no checkpointing:", human_bytes(at_end),
+                 human_bytes(scope.peak_saved_bytes() - base), human_bytes(scope.peak_bytes()));
+    }
+    model.zero_grad();
+    model.checkpoint_blocks = opt.policy == "blocks";
+  }
+
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",
              corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
-  fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads\n",
-             cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(), opt.batch, opt.steps, opt.lr,
-             get_num_threads());
+  fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads, "
+             "policy {}\n", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(), opt.batch,
+             opt.steps, opt.lr, get_num_threads(), opt.policy);
 
   using Clock = std::chrono::steady_clock;
   auto window_start = Clock::now();

@@ -6,10 +6,14 @@
 #include "remat/core/format.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/random.hpp"
+#include "remat/core/saved_report.hpp"
 #include "remat/core/shape.hpp"
 #include "remat/core/tape.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
+
+#include "remat/checkpoint/checkpoint.hpp"
+#include "remat/checkpoint/selective.hpp"
 
 #include "remat/ops/add.hpp"
 #include "remat/ops/cat.hpp"

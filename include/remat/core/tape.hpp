@@ -57,8 +57,8 @@ class SavedTensor {
 
 class Node {
  public:
-  Node(const char* name, std::uint64_t id, std::vector<SavedTensor> saved)
-      : name_(name), id_(id), saved_(std::move(saved)) {
+  Node(std::string name, std::uint64_t id, std::vector<SavedTensor> saved)
+      : name_(std::move(name)), id_(id), saved_(std::move(saved)) {
     for (SavedTensor& s : saved_) s.retain();
   }
   // Derived nodes call release() in their destructor: drop_edges is virtual, and a base
@@ -67,7 +67,7 @@ class Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  const char* name() const { return name_; }
+  const char* name() const { return name_.c_str(); }
   std::uint64_t id() const { return id_; }
   bool released() const { return released_; }
   const std::vector<SavedTensor>& saved() const { return saved_; }
@@ -91,7 +91,7 @@ class Node {
   virtual void drop_edges() = 0;
 
  private:
-  const char* name_;
+  std::string name_;
   std::uint64_t id_;
   std::vector<SavedTensor> saved_;
   bool released_ = false;
@@ -139,9 +139,9 @@ using BackwardFn = std::function<void(BackwardContext<T>&)>;
 template <class T>
 class TypedNode final : public Node {
  public:
-  TypedNode(const char* name, std::uint64_t id, const std::vector<BasicTensor<T>>& inputs,
+  TypedNode(std::string name, std::uint64_t id, const std::vector<BasicTensor<T>>& inputs,
             const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn)
-      : Node(name, id, std::move(saved)), fn_(std::move(fn)) {
+      : Node(std::move(name), id, std::move(saved)), fn_(std::move(fn)) {
     for (const BasicTensor<T>& x : inputs) {
       inputs_.push_back(x.requires_grad() ? x.meta() : nullptr);
       input_shapes_.push_back(x.shape());
@@ -285,19 +285,6 @@ class Tape {
     return it - nodes_.begin();
   }
 
-  /// Bytes the unreleased nodes hold for backward, each storage counted once.
-  std::size_t saved_bytes() const {
-    std::vector<const detail::Storage*> seen;
-    std::size_t total = 0;
-    for (const auto& n : nodes_)
-      for (const detail::SavedTensor& s : n->saved())
-        if (std::find(seen.begin(), seen.end(), s.storage()) == seen.end()) {
-          seen.push_back(s.storage());
-          total += s.bytes();
-        }
-    return total;
-  }
-
  private:
   // Nodes at the tail whose outputs are gone can never run: drop them, which in turn may make
   // their inputs' producers unreachable. This is what frees a graph that is never backpropagated.
@@ -314,6 +301,7 @@ namespace detail {
 struct AutogradState {
   bool grad_enabled = true;
   bool recording = true;  ///< false inside a checkpointed forward: requires_grad flows, no nodes
+  int replay_depth = 0;   ///< > 0 while a checkpoint replays a segment's forward
   std::uint64_t next_node_id = 1;
   Tape root;
   std::vector<Tape*> tapes{&root};
@@ -334,7 +322,7 @@ bool grad_needed(const BasicTensor<T>& x, const Rest&... rest) {
 /// Makes `outputs` require grad and, unless recording is suspended, puts one node on the current
 /// tape. Call it only when grad_needed(inputs...) holds.
 template <class T>
-void record(const char* op, const std::vector<BasicTensor<T>>& inputs,
+void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
             const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn) {
   AutogradState& state = autograd_state();
   for (BasicTensor<T>* y : outputs) {
@@ -346,7 +334,7 @@ void record(const char* op, const std::vector<BasicTensor<T>>& inputs,
   const std::uint64_t id = state.next_node_id++;
   for (BasicTensor<T>* y : outputs) y->meta()->node_id = id;
   state.tapes.back()->push(
-      std::make_unique<TypedNode<T>>(op, id, inputs, outputs, std::move(saved), std::move(fn)));
+      std::make_unique<TypedNode<T>>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
 }
 
 /// The tape holding node `id` among the thread's live tapes, innermost first.
@@ -372,6 +360,10 @@ class TapeGuard {
 };
 
 inline bool is_grad_enabled() { return detail::autograd_state().grad_enabled; }
+
+/// True while a checkpoint replays a segment's forward during backward. Code with side effects
+/// (counters, logging, running statistics, caches) checks it so that replay does not repeat them.
+inline bool is_replaying() { return detail::autograd_state().replay_depth > 0; }
 
 /// RAII: no op records a node or produces a tensor that requires grad while it lives.
 class no_grad {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "remat/checkpoint/checkpoint.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/nn/embedding.hpp"
 #include "remat/nn/transformer_block.hpp"
@@ -63,13 +64,21 @@ class GPT : public Module {
     if (cfg.tie_weights) lm_head.weight = wte.weight;
   }
 
-  /// Blocks applied to the embedded sequence, (B, T, C) -> (B, T, C). The checkpointing layer
-  /// replaces this to run the blocks under a policy.
-  virtual Tensor run_blocks(const Tensor& x) {
+  /// Blocks applied to the embedded sequence, (B, T, C) -> (B, T, C); each block is a checkpointed
+  /// segment when checkpoint_blocks is set (keeping block_save's op outputs, if any).
+  Tensor run_blocks(const Tensor& x) {
     Tensor y = x;
-    for (auto& block : h) y = (*block)(y);
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      if (checkpoint_blocks)
+        y = checkpoint(CheckpointOptions{"block " + std::to_string(i), false, block_save}, *h[i], y);
+      else
+        y = (*h[i])(y);
+    }
     return y;
   }
+
+  bool checkpoint_blocks = false;  ///< wrap every block in checkpoint()
+  SavePolicy block_save;           ///< selective checkpointing inside each block
 
   /// idx (B, T) token ids  ->  logits (B, T, vocab_size).
   Tensor forward(const LongTensor& idx) {

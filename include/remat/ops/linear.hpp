@@ -1,6 +1,7 @@
 #pragma once
 // y = x Wᵀ + b, fused: one GEMM against W as stored (out, in), as torch.nn.functional.linear.
 
+#include "remat/checkpoint/selective.hpp"
 #include "remat/core/tape.hpp"
 
 namespace remat {
@@ -19,10 +20,13 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
               bias.shape(), out);
   std::vector<std::int64_t> s = x.shape().vec();
   s.back() = out;
-  BasicTensor<T> y{Shape(s)};
-  auto ym = detail::matrix(y, out);
-  ym.noalias() = detail::matrix(x, in) * detail::matrix(weight, in).transpose();
-  if (bias.defined()) ym.rowwise() += detail::flat(bias).matrix().transpose();
+  BasicTensor<T> y = detail::compute_or_reuse<T>("linear", Shape(s), [&] {
+    BasicTensor<T> result{Shape(s)};
+    auto ym = detail::matrix(result, out);
+    ym.noalias() = detail::matrix(x, in) * detail::matrix(weight, in).transpose();
+    if (bias.defined()) ym.rowwise() += detail::flat(bias).matrix().transpose();
+    return result;
+  });
   if (detail::grad_needed(x, weight, bias)) {
     const bool dx = x.requires_grad(), dw = weight.requires_grad();
     std::vector<detail::SavedTensor> saved;

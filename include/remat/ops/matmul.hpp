@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "remat/checkpoint/selective.hpp"
 #include "remat/core/tape.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 
@@ -61,17 +62,20 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     s.push_back(N);
     out_shape = Shape(s);
   }
-  BasicTensor<T> c(out_shape);
-  if (fold) {
-    detail::matrix(c, N).noalias() = detail::matrix(a, K) * ConstMatrixMap<T>(b.data(), K, N);
-  } else {
-    const T* pa = a.data();
-    const T* pb = b.data();
-    T* pc = c.data();
-    for (std::size_t i = 0; i < batches.a_offset.size(); ++i)
-      MatrixMap<T>(pc + static_cast<std::int64_t>(i) * M * N, M, N).noalias() =
-          ConstMatrixMap<T>(pa + batches.a_offset[i], M, K) * ConstMatrixMap<T>(pb + batches.b_offset[i], K, N);
-  }
+  BasicTensor<T> c = detail::compute_or_reuse<T>("matmul", out_shape, [&] {
+    BasicTensor<T> out(out_shape);
+    if (fold) {
+      detail::matrix(out, N).noalias() = detail::matrix(a, K) * ConstMatrixMap<T>(b.data(), K, N);
+    } else {
+      const T* pa = a.data();
+      const T* pb = b.data();
+      T* pc = out.data();
+      for (std::size_t i = 0; i < batches.a_offset.size(); ++i)
+        MatrixMap<T>(pc + static_cast<std::int64_t>(i) * M * N, M, N).noalias() =
+            ConstMatrixMap<T>(pa + batches.a_offset[i], M, K) * ConstMatrixMap<T>(pb + batches.b_offset[i], K, N);
+    }
+    return out;
+  });
   if (detail::grad_needed(a, b)) {
     const bool da = a.requires_grad(), db = b.requires_grad();
     std::vector<detail::SavedTensor> saved;

@@ -1,4 +1,5 @@
 #pragma once
+#include "remat/checkpoint/selective.hpp"
 #include "remat/core/tape.hpp"
 
 namespace remat {
@@ -18,11 +19,14 @@ template <class T>
 BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   detail::check_last_dim(x.shape(), dim, "softmax");
   const std::int64_t c = x.size(-1);
-  BasicTensor<T> y(x.shape());
-  auto in = detail::rows(x, c);
-  auto out = detail::rows(y, c);
-  out = (in.colwise() - in.rowwise().maxCoeff()).exp();
-  out.colwise() /= out.rowwise().sum();
+  BasicTensor<T> y = detail::compute_or_reuse<T>("softmax", x.shape(), [&] {
+    BasicTensor<T> result(x.shape());
+    auto in = detail::rows(x, c);
+    auto out = detail::rows(result, c);
+    out = (in.colwise() - in.rowwise().maxCoeff()).exp();
+    out.colwise() /= out.rowwise().sum();
+    return result;
+  });
   if (detail::grad_needed(x))
     detail::record<T>("softmax", {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> yv = ctx.saved(0);

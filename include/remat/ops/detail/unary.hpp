@@ -2,6 +2,7 @@
 // The shared shape of element-wise unary ops: forward on Eigen arrays, one node whose backward is
 // an element-wise formula of the output gradient and either the saved output or the saved input.
 
+#include "remat/checkpoint/selective.hpp"
 #include "remat/core/tape.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -11,8 +12,11 @@ namespace remat::detail {
 template <class T, class Forward, class Backward>
 BasicTensor<T> unary_saving_output(const char* op, const BasicTensor<T>& x, Forward forward,
                                    Backward backward) {
-  BasicTensor<T> y(x.shape());
-  flat(y) = forward(flat(x));
+  BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
+    BasicTensor<T> out(x.shape());
+    flat(out) = forward(flat(x));
+    return out;
+  });
   if (grad_needed(x))
     record<T>(op, {x}, {&y}, {y}, [backward](BackwardContext<T>& ctx) {
       const BasicTensor<T> out = ctx.template saved<T>(0);
@@ -27,8 +31,11 @@ BasicTensor<T> unary_saving_output(const char* op, const BasicTensor<T>& x, Forw
 template <class T, class Forward, class Backward>
 BasicTensor<T> unary_saving_input(const char* op, const BasicTensor<T>& x, Forward forward,
                                   Backward backward) {
-  BasicTensor<T> y(x.shape());
-  flat(y) = forward(flat(x));
+  BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
+    BasicTensor<T> out(x.shape());
+    flat(out) = forward(flat(x));
+    return out;
+  });
   if (grad_needed(x))
     record<T>(op, {x}, {&y}, {x}, [backward](BackwardContext<T>& ctx) {
       const BasicTensor<T> in = ctx.template saved<T>(0);
@@ -43,8 +50,11 @@ BasicTensor<T> unary_saving_input(const char* op, const BasicTensor<T>& x, Forwa
 template <class T, class Forward, class Backward>
 BasicTensor<T> unary_saving_nothing(const char* op, const BasicTensor<T>& x, Forward forward,
                                     Backward backward) {
-  BasicTensor<T> y(x.shape());
-  flat(y) = forward(flat(x));
+  BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
+    BasicTensor<T> out(x.shape());
+    flat(out) = forward(flat(x));
+    return out;
+  });
   if (grad_needed(x))
     record<T>(op, {x}, {&y}, {}, [backward](BackwardContext<T>& ctx) {
       const BasicTensor<T>& dy = ctx.grad_output();

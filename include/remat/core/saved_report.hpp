@@ -1,0 +1,57 @@
+#pragma once
+// What the tape holds for backward right now: each saved tensor with the op that saved it, its
+// shape and bytes, and the total with shared storage counted once (JAX's print_saved_residuals).
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "remat/core/tape.hpp"
+
+namespace remat {
+
+struct SavedTensorInfo {
+  std::string op;     ///< the op (or checkpoint segment) that saved it
+  Shape shape;
+  std::string dtype;
+  std::size_t bytes;  ///< bytes of its storage
+  bool shared;        ///< its storage is also saved by an entry listed earlier (not counted again)
+};
+
+struct SavedTensorReport {
+  std::vector<SavedTensorInfo> entries;
+  std::size_t total_bytes = 0;  ///< unique storages only: what the tape actually keeps alive
+
+  std::string str() const {
+    std::string out = fmt::format("{:<24} {:<22} {:<8} {:>12}\n", "op", "shape", "dtype", "bytes");
+    for (const SavedTensorInfo& e : entries)
+      out += fmt::format("{:<24} {:<22} {:<8} {:>12}{}\n", e.op, e.shape, e.dtype, e.bytes, e.shared ? " (shared)" : "");
+    out += fmt::format("{} saved tensors, {} bytes held for backward\n", entries.size(), total_bytes);
+    return out;
+  }
+};
+
+/// Lists what `tape`'s unreleased nodes hold for backward, oldest first.
+inline SavedTensorReport saved_tensors(const Tape& tape = current_tape()) {
+  SavedTensorReport report;
+  std::vector<const detail::Storage*> seen;
+  for (const auto& node : tape.nodes()) {
+    if (node->released()) continue;
+    for (const detail::SavedTensor& s : node->saved()) {
+      const bool shared = std::find(seen.begin(), seen.end(), s.storage()) != seen.end();
+      if (!shared) {
+        seen.push_back(s.storage());
+        report.total_bytes += s.bytes();
+      }
+      report.entries.push_back({node->name(), s.shape(), s.dtype(), s.bytes(), shared});
+    }
+  }
+  return report;
+}
+
+/// Prints saved_tensors(tape) as a table.
+inline void print_saved_tensors(const Tape& tape = current_tape()) { fmt::print("{}", saved_tensors(tape).str()); }
+
+}  // namespace remat
