@@ -4,16 +4,19 @@
 //
 //   train_gpt [--data PATH] [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 16]
 //             [--steps 300] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 25]
-//             [--out gpt.safetensors] [--sample 300] [--policy none|blocks]
+//             [--out gpt.safetensors] [--sample 300]
+//             [--policy none|blocks|uniform:K|sqrt|binomial:S|budget:MB]
 //
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
-// forward, and each block's forward is replayed in backward.
+// forward, and each block's forward is replayed in backward. The others run the blocks as a chain
+// under that schedule (see remat/checkpoint/schedule.hpp) and print its plan first.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -84,11 +87,28 @@ Options parse(int argc, char** argv) {
   take_double("lr", o.lr);
   take_double("dropout", o.dropout);
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
-  REMAT_CHECK(o.policy == "none" || o.policy == "blocks", "train_gpt: --policy must be none or blocks, got '{}'",
-              o.policy);
+
   REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
               "must be positive and context above 1");
   return o;
+}
+
+/// --policy as a chain policy; none and blocks are handled without one.
+std::optional<Policy> parse_policy(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
+  auto number = [&] {
+    REMAT_CHECK(!arg.empty(), "train_gpt: --policy {} needs a number after the colon", kind);
+    return std::stod(arg);
+  };
+  if (kind == "none" || kind == "blocks") return std::nullopt;
+  if (kind == "uniform") return policy::uniform(static_cast<std::int64_t>(number()));
+  if (kind == "sqrt") return policy::sqrt_segments();
+  if (kind == "binomial") return policy::binomial(static_cast<std::int64_t>(number()));
+  if (kind == "budget") return policy::budget(static_cast<std::size_t>(number() * 1024 * 1024));
+  throw Error(fmt::format("train_gpt: --policy must be none, blocks, uniform:K, sqrt, binomial:S or budget:MB; got '{}'",
+                          text));
 }
 
 /// A character vocabulary and the text as ids.
@@ -179,6 +199,14 @@ int main(int argc, char** argv) try {
     }
     model.zero_grad();
     model.checkpoint_blocks = opt.policy == "blocks";
+    model.block_policy = parse_policy(opt.policy);
+    if (model.block_policy) {
+      // Measure each block once and show the schedule before running it.
+      const LongTensor pos = arange<std::int64_t>(0, opt.context);
+      const Tensor h0 = (model.wte(x) + model.wpe(pos)).detach();
+      model.block_costs = measure_steps(module_steps(model.h), h0);
+      fmt::print("{}", plan(*model.block_policy, cfg.n_layer, model.block_costs).str());
+    }
   }
 
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",

@@ -12,7 +12,10 @@
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
 
+#include "remat/checkpoint/budget.hpp"
+#include "remat/checkpoint/chain.hpp"
 #include "remat/checkpoint/checkpoint.hpp"
+#include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/selective.hpp"
 
 #include "remat/ops/add.hpp"

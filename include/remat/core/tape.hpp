@@ -44,6 +44,7 @@ class SavedTensor {
 
   void retain() { storage_->retain_saved(); }
   void release() {
+    if (!storage_) return;
     storage_->release_saved();
     storage_.reset();
   }
@@ -78,6 +79,10 @@ class Node {
   virtual bool outputs_alive() const = 0;
   /// Runs the backward function; frees saved tensors and edges unless `retain_graph`.
   virtual void run(bool retain_graph) = 0;
+
+  void release_saved(std::size_t i) {
+    if (saved_[i].storage() != nullptr) saved_[i].release();
+  }
 
   void release() {
     if (released_) return;
@@ -123,6 +128,8 @@ class BackwardContext {
   /// Saved tensor i, checked against in-place modification since it was saved.
   template <class U = T>
   BasicTensor<U> saved(std::size_t i) const;
+  /// Releases saved tensor i now, before the node finishes (a backward that frees as it goes).
+  void release_saved(std::size_t i);
   /// Whether input i needs a gradient (PyTorch's needs_input_grad): skip the work otherwise.
   bool needs_grad(std::size_t i) const;
   /// Adds g into input i's gradient; g must have that input's shape.
@@ -213,6 +220,12 @@ template <class U>
 BasicTensor<U> BackwardContext<T>::saved(std::size_t i) const {
   REMAT_ASSERT(i < node_.saved().size());
   return node_.saved()[i].template get<U>(node_.name());
+}
+
+template <class T>
+void BackwardContext<T>::release_saved(std::size_t i) {
+  REMAT_ASSERT(i < node_.saved().size());
+  node_.release_saved(i);
 }
 
 template <class T>

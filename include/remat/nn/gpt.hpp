@@ -8,8 +8,10 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "remat/checkpoint/chain.hpp"
 #include "remat/checkpoint/checkpoint.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/nn/embedding.hpp"
@@ -64,9 +66,14 @@ class GPT : public Module {
     if (cfg.tie_weights) lm_head.weight = wte.weight;
   }
 
-  /// Blocks applied to the embedded sequence, (B, T, C) -> (B, T, C); each block is a checkpointed
-  /// segment when checkpoint_blocks is set (keeping block_save's op outputs, if any).
+  /// Blocks applied to the embedded sequence, (B, T, C) -> (B, T, C): as a chain under
+  /// block_policy when one is set, else each block a checkpointed segment when checkpoint_blocks
+  /// is set (keeping block_save's op outputs, if any), else plainly.
   Tensor run_blocks(const Tensor& x) {
+    if (block_policy) {
+      if (block_policy->needs_costs && block_costs.empty()) block_costs = measure_steps(module_steps(h), x);
+      return checkpoint_sequential(h, x, *block_policy, block_costs.empty() ? nullptr : &block_costs);
+    }
     Tensor y = x;
     for (std::size_t i = 0; i < h.size(); ++i) {
       if (checkpoint_blocks)
@@ -79,6 +86,8 @@ class GPT : public Module {
 
   bool checkpoint_blocks = false;  ///< wrap every block in checkpoint()
   SavePolicy block_save;           ///< selective checkpointing inside each block
+  std::optional<Policy> block_policy;  ///< run the blocks as a chain under this schedule instead
+  std::vector<StepCost> block_costs;   ///< per-block costs for policies that need them (measured once if empty)
 
   /// idx (B, T) token ids  ->  logits (B, T, vocab_size).
   Tensor forward(const LongTensor& idx) {

@@ -1,0 +1,164 @@
+#pragma once
+// policy::budget(bytes): the fastest schedule for a chain of steps of unequal cost that never
+// holds more than `bytes` in snapshots and recorded tapes, by dynamic programming over the
+// per-step costs (after "Optimal checkpointing for heterogeneous chains", Beaumont et al. 2019).
+//
+// opt(s, t, m, kept): least compute to reverse steps [s, t) with the position at s and m bytes
+// free; `kept` says whether x_s is already held by the caller. Options:
+//   record all    record s..t-1, then reverse them                 needs Σ a_i ≤ m, costs Σ c_i
+//   record first  record s, opt(s+1, t, m - a_s, no), reverse s    costs c_s + ...
+//   split at k    keep x_s (x_s bytes unless kept), advance s..k-1, opt(k, t, m', no),
+//                 restore s, opt(s, k, m', yes), drop x_s          costs Σ_{s..k-1} c_i + ...
+// Bytes are counted in units of budget/resolution, rounded up, so a plan that fits in units fits
+// in bytes.
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "remat/checkpoint/schedule.hpp"
+
+namespace remat {
+namespace detail {
+
+class BudgetPlanner {
+ public:
+  BudgetPlanner(const std::vector<StepCost>& costs, std::size_t budget, std::int64_t resolution)
+      : L_(static_cast<std::int64_t>(costs.size())), costs_(costs) {
+    unit_ = std::max<std::size_t>(1, (budget + static_cast<std::size_t>(resolution) - 1) / static_cast<std::size_t>(resolution));
+    M_ = static_cast<std::int64_t>(budget / unit_);
+    for (const StepCost& c : costs) {
+      x_.push_back(units(c.state_bytes));
+      a_.push_back(units(c.activation_bytes));
+    }
+    memo_.assign(static_cast<std::size_t>(L_ * (L_ + 1) * (M_ + 1) * 2), kUnknown);
+    choice_.assign(memo_.size(), 0);
+  }
+
+  std::int64_t units(std::size_t bytes) const { return static_cast<std::int64_t>((bytes + unit_ - 1) / unit_); }
+  std::int64_t budget_units() const { return M_; }
+
+  /// Least compute to reverse the whole chain within m units; infinity if impossible.
+  double solve(std::int64_t m) { return opt(0, L_, m, false); }
+
+  Schedule schedule(std::int64_t m) {
+    Schedule out;
+    emit(0, L_, m, false, out);
+    return out;
+  }
+
+ private:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  static constexpr double kUnknown = -1.0;
+
+  std::size_t index(std::int64_t s, std::int64_t t, std::int64_t m, bool kept) const {
+    return static_cast<std::size_t>(((s * (L_ + 1) + t) * (M_ + 1) + m) * 2 + (kept ? 1 : 0));
+  }
+  double c(std::int64_t i) const { return costs_[static_cast<std::size_t>(i)].compute; }
+  std::int64_t x(std::int64_t i) const { return x_[static_cast<std::size_t>(i)]; }
+  std::int64_t a(std::int64_t i) const { return a_[static_cast<std::size_t>(i)]; }
+
+  // choice: 0 = record all, 1 = record first, k >= 2 encodes split at s + k - 1
+  double opt(std::int64_t s, std::int64_t t, std::int64_t m, bool kept) {
+    if (m < 0) return kInf;
+    double& memo = memo_[index(s, t, m, kept)];
+    if (memo != kUnknown) return memo;
+    double best = kInf;
+    std::int64_t pick = -1;
+    double run = 0;
+    std::int64_t act = 0;
+    for (std::int64_t i = s; i < t; ++i) {
+      run += c(i);
+      act += a(i);
+    }
+    if (act <= m) {
+      best = run;
+      pick = 0;
+    }
+    if (t - s > 1) {
+      const double first = c(s) + opt(s + 1, t, m - a(s), false);
+      if (first < best) {
+        best = first;
+        pick = 1;
+      }
+      const std::int64_t free = m - (kept ? 0 : x(s));
+      double advance = 0;
+      for (std::int64_t k = s + 1; k < t && free >= 0; ++k) {
+        advance += c(k - 1);
+        if (advance >= best) break;
+        const double right = opt(k, t, free, false);
+        if (advance + right >= best) continue;
+        const double total = advance + right + opt(s, k, free, true);
+        if (total < best) {
+          best = total;
+          pick = k - s + 1;
+        }
+      }
+    }
+    choice_[index(s, t, m, kept)] = pick;
+    return memo = best;
+  }
+
+  void emit(std::int64_t s, std::int64_t t, std::int64_t m, bool kept, Schedule& out) {
+    using K = Action::Kind;
+    opt(s, t, m, kept);
+    const std::int64_t pick = choice_[index(s, t, m, kept)];
+    REMAT_ASSERT(pick >= 0);
+    if (pick == 0) {
+      for (std::int64_t i = s; i < t; ++i) out.push_back({K::record, i});
+      for (std::int64_t i = t - 1; i >= s; --i) out.push_back({K::reverse, i});
+    } else if (pick == 1) {
+      out.push_back({K::record, s});
+      emit(s + 1, t, m - a(s), false, out);
+      out.push_back({K::reverse, s});
+    } else {
+      const std::int64_t k = s + pick - 1;
+      const std::int64_t free = m - (kept ? 0 : x(s));
+      if (!kept) out.push_back({K::snapshot, s});
+      for (std::int64_t i = s; i < k; ++i) out.push_back({K::advance, i});
+      emit(k, t, free, false, out);
+      out.push_back({K::restore, s});
+      emit(s, k, free, true, out);
+      if (!kept) out.push_back({K::free, s});
+    }
+  }
+
+  std::int64_t L_;
+  const std::vector<StepCost>& costs_;
+  std::size_t unit_ = 1;
+  std::int64_t M_ = 0;
+  std::vector<std::int64_t> x_, a_;
+  std::vector<double> memo_;
+  std::vector<std::int64_t> choice_;
+};
+
+}  // namespace detail
+
+namespace policy {
+
+/// The least-compute schedule whose snapshots and recorded steps never exceed `bytes`, for steps
+/// of unequal cost; needs per-step costs (given to plan(), or measured by checkpoint_sequential).
+/// A budget no schedule fits is an error that names (within 1%) the least budget that fits.
+inline Policy budget(std::size_t bytes, std::int64_t resolution = 256) {
+  REMAT_CHECK(resolution >= 1, "policy::budget: resolution must be at least 1, got {}", resolution);
+  return {fmt::format("budget:{}", bytes), true, [bytes, resolution](std::int64_t, const std::vector<StepCost>* costs) {
+            detail::BudgetPlanner planner(*costs, bytes, resolution);
+            const std::int64_t m = planner.budget_units();
+            if (std::isinf(planner.solve(m))) {
+              // Recording everything always fits Σ(a_i + x_i); bisect down to the least budget that fits.
+              std::size_t lo = bytes, hi = 0;
+              for (const StepCost& c : *costs) hi += c.activation_bytes + c.state_bytes;
+              while (hi - lo > std::max<std::size_t>(1, hi / 100)) {
+                const std::size_t mid = lo + (hi - lo) / 2;
+                detail::BudgetPlanner probe(*costs, mid, resolution);
+                (std::isinf(probe.solve(probe.budget_units())) ? lo : hi) = mid;
+              }
+              throw Error(fmt::format("policy::budget: no schedule fits {} bytes for this chain of {} steps; the "
+                                      "least budget that fits is about {} bytes", bytes, costs->size(), hi));
+            }
+            return planner.schedule(m);
+          }};
+}
+
+}  // namespace policy
+}  // namespace remat

@@ -1,0 +1,115 @@
+#include "checkpoint/support_checkpoint.hpp"
+
+using namespace remat;
+
+namespace {
+
+std::vector<Policy> every_policy() {
+  return {policy::none(), policy::uniform(1), policy::uniform(3), policy::sqrt_segments(), policy::binomial(2),
+          policy::binomial(3), policy::budget(std::size_t{1} << 20)};
+}
+
+}  // namespace
+
+TEST_CASE("chain: a GPT's gradients are bitwise identical under every policy, dropout on", "[chain][gpt]") {
+  Generator init(31);
+  nn::GPT gpt(test::small_gpt(6, 0.1), init);
+  const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
+  auto run = [&](std::optional<Policy> p) {
+    gpt.zero_grad();
+    gpt.block_policy = std::move(p);
+    manual_seed(8);
+    Tensor loss = gpt.loss(idx, targets);
+    loss.backward();
+    auto g = test::gradients(gpt);
+    g.push_back({loss.item()});
+    g.push_back(randn({2}).to_vector());  // the stream after backward is the one without replays
+    return g;
+  };
+  const auto plain = run(std::nullopt);
+  for (const Policy& p : every_policy()) {
+    INFO(p.name);
+    CHECK(run(p) == plain);
+  }
+}
+
+TEST_CASE("chain: the executor does what the plan says, replaying with is_replaying set", "[chain]") {
+  const std::int64_t L = 13;
+  Generator g(32);
+  std::vector<Tensor> weights;
+  for (std::int64_t i = 0; i < L; ++i) weights.push_back((randn({4, 4}, g) * 0.3f).detach().requires_grad_());
+  int real = 0, replays = 0;
+  std::vector<ChainStep> steps;
+  for (std::int64_t i = 0; i < L; ++i)
+    steps.push_back([&, i](const Tensor& h) {
+      (is_replaying() ? replays : real) += 1;
+      return tanh(matmul(h, weights[static_cast<std::size_t>(i)]));
+    });
+  const Tensor x = randn({2, 4}, g);
+  for (const Policy& p : every_policy()) {
+    INFO(p.name);
+    real = replays = 0;
+    auto counts = std::make_shared<ChainCounts>();
+    const std::vector<StepCost> costs = measure_steps(steps, x);
+    real = replays = 0;
+    Tensor y = checkpoint_sequential(steps, x, p, &costs, counts);
+    sum(y).backward();
+    const Plan expected = plan(p, L, costs);
+    CHECK(counts->advances == expected.advances);
+    CHECK(counts->records == expected.records);
+    CHECK(counts->peak_snapshots == expected.peak_snapshots);
+    CHECK(real == L);  // each step runs once for real, in the forward pass
+    CHECK(replays == expected.advances + expected.records - L);
+  }
+}
+
+TEST_CASE("chain: measured peak saved bytes equal the plan's prediction for equal steps", "[chain][memory]") {
+  test::FreshTape fresh;
+  const std::int64_t L = 24;
+  // y = exp(x)·½: exp saves its output (one state's bytes), the scale saves nothing, and neither
+  // input nor output of a step is saved, so snapshots and recorded steps never share storage.
+  std::vector<ChainStep> steps(static_cast<std::size_t>(L), [](const Tensor& h) { return exp(h) * 0.5f; });
+  Tensor x = randn({8, 16}).requires_grad_();
+  const std::size_t state = x.nbytes();
+  const std::vector<StepCost> costs(static_cast<std::size_t>(L), StepCost{1.0, state, state});
+  for (const Policy& p : {policy::none(), policy::uniform(4), policy::sqrt_segments(), policy::binomial(3),
+                          policy::binomial(5), policy::budget(6 * state)}) {
+    INFO(p.name);
+    const Plan expected = plan(p, L, costs);
+    const std::size_t base = memory_stats().saved_bytes;
+    MemoryScope scope;
+    Tensor y = checkpoint_sequential(steps, x, p, &costs);
+    CHECK(memory_stats().saved_bytes - base == expected.forward_end_bytes);
+    sum(y).backward();
+    CHECK(scope.peak_saved_bytes() - base == expected.peak_bytes);
+    CHECK(memory_stats().saved_bytes == base);
+  }
+}
+
+TEST_CASE("chain: a 10,000-step RNN reverses under binomial(10) with the minimal recomputation", "[chain][binomial]") {
+  const std::int64_t L = 10000;
+  Generator g(33);
+  Tensor w = (randn({16, 16}, g) * 0.2f).detach().requires_grad_();
+  Tensor b = zeros({16}).requires_grad_();
+  const ChainStep cell = [&](const Tensor& h) { return tanh(matmul(h, w) + b); };
+  const std::vector<ChainStep> steps(static_cast<std::size_t>(L), cell);
+  const Tensor h0 = randn({1, 16}, g);
+  const std::vector<StepCost> one = measure_steps({cell}, h0);
+  auto counts = std::make_shared<ChainCounts>();
+  const std::size_t base = memory_stats().saved_bytes;
+  MemoryScope scope;
+  Tensor hL = checkpoint_sequential(steps, h0, policy::binomial(10), nullptr, counts);
+  sum(hL).backward();
+  CHECK(counts->advances == 57624);
+  CHECK(counts->records == L);
+  CHECK(counts->peak_snapshots <= 10);
+  // Never more than the snapshots and one recorded step (which also saves w) at once.
+  CHECK(scope.peak_saved_bytes() - base <= 10 * h0.nbytes() + one[0].activation_bytes);
+  CHECK(w.grad().defined());
+  CHECK(std::isfinite(detail::flat(w.grad()).sum()));
+}
+
+TEST_CASE("chain: an impossible budget is a clear error", "[chain][budget]") {
+  const std::vector<StepCost> costs(4, StepCost{1.0, 100, 1000});
+  REQUIRE_ERROR(plan(policy::budget(500), 4, costs), "policy::budget", "500 bytes", "least budget that fits is about 1");
+}
