@@ -52,3 +52,23 @@ TEST_CASE("memory: peak saved bytes track what the tape held at its fullest", "[
   reset_peak_memory_stats();
   CHECK(memory_stats().peak_saved_bytes == memory_stats().saved_bytes);
 }
+
+TEST_CASE("memory: freed blocks are cached and reused, outside the live count", "[core][memory]") {
+  set_allocator_caching(true);
+  empty_cache();
+  const std::size_t live = memory_stats().live_bytes;
+  const float* first = nullptr;
+  {
+    const Tensor a = zeros({1000});
+    first = a.data();
+  }
+  CHECK(memory_stats().live_bytes == live);
+  CHECK(cached_memory_bytes() == 4032);  // 4000 bytes in a 64-byte-aligned block
+  const Tensor b = zeros({1000});
+  CHECK(b.data() == first);  // the same block again
+  CHECK(cached_memory_bytes() == 0);
+  set_allocator_caching(false);
+  { const Tensor c = zeros({10}); }
+  CHECK(cached_memory_bytes() == 0);
+  set_allocator_caching(detail::kCacheByDefault);
+}

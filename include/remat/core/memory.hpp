@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <new>
+#include <unordered_map>
 #include <vector>
 
 namespace remat {
@@ -29,26 +30,69 @@ struct ScopePeaks {
   std::size_t peak_saved_bytes = 0;
 };
 
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kCacheByDefault = false;  // let AddressSanitizer see every free
+#else
+inline constexpr bool kCacheByDefault = true;
+#endif
+
+/// The allocator and its books. Freed blocks are cached by size and handed out again (a training
+/// step allocates the same shapes every time; fresh large blocks would cost page faults on every
+/// step). Cached blocks are not tensor bytes: live and peak figures count tensors only.
 class MemoryLedger {
  public:
   static MemoryLedger& instance() {
     static MemoryLedger ledger;
     return ledger;
   }
+  ~MemoryLedger() { release_cache(); }
 
   void* allocate(std::size_t bytes) {
-    void* p = ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{kStorageAlignment});
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.live_bytes += bytes;
-    ++stats_.allocations;
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
-    for (ScopePeaks* s : scopes_) s->peak_bytes = std::max(s->peak_bytes, stats_.live_bytes);
-    return p;
+    const std::size_t block = block_size(bytes);
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.live_bytes += bytes;
+      ++stats_.allocations;
+      stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
+      for (ScopePeaks* s : scopes_) s->peak_bytes = std::max(s->peak_bytes, stats_.live_bytes);
+      auto it = cache_.find(block);
+      if (it != cache_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= block;
+      }
+    }
+    return p ? p : ::operator new(block, std::align_val_t{kStorageAlignment});
   }
   void deallocate(void* p, std::size_t bytes) {
+    const std::size_t block = block_size(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.live_bytes -= bytes;
+      if (caching_) {
+        cache_[block].push_back(p);
+        cached_bytes_ += block;
+        return;
+      }
+    }
     ::operator delete(p, std::align_val_t{kStorageAlignment});
+  }
+  /// Returns every cached block to the system (torch.cuda.empty_cache's counterpart).
+  void release_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.live_bytes -= bytes;
+    for (auto& [block, blocks] : cache_)
+      for (void* p : blocks) ::operator delete(p, std::align_val_t{kStorageAlignment});
+    cache_.clear();
+    cached_bytes_ = 0;
+  }
+  void set_caching(bool on) {
+    { std::lock_guard<std::mutex> lock(mutex_); caching_ = on; }
+    if (!on) release_cache();
+  }
+  std::size_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_bytes_;
   }
   void add_saved(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -82,9 +126,16 @@ class MemoryLedger {
   }
 
  private:
+  static std::size_t block_size(std::size_t bytes) {
+    return std::max<std::size_t>(kStorageAlignment, (bytes + kStorageAlignment - 1) / kStorageAlignment * kStorageAlignment);
+  }
+
   std::mutex mutex_;
   MemoryStats stats_;
   std::vector<ScopePeaks*> scopes_;
+  std::unordered_map<std::size_t, std::vector<void*>> cache_;
+  std::size_t cached_bytes_ = 0;
+  bool caching_ = kCacheByDefault;
 };
 
 }  // namespace detail
@@ -93,6 +144,13 @@ inline MemoryStats memory_stats() { return detail::MemoryLedger::instance().stat
 
 /// Sets peak_bytes and peak_saved_bytes to the current live figures.
 inline void reset_peak_memory_stats() { detail::MemoryLedger::instance().reset_peaks(); }
+
+/// Bytes of freed tensor storage kept for reuse (not counted in live_bytes).
+inline std::size_t cached_memory_bytes() { return detail::MemoryLedger::instance().cached_bytes(); }
+/// Returns the cached blocks to the system.
+inline void empty_cache() { detail::MemoryLedger::instance().release_cache(); }
+/// Turns block caching on or off (off under AddressSanitizer by default, so it sees every free).
+inline void set_allocator_caching(bool on) { detail::MemoryLedger::instance().set_caching(on); }
 
 /// Measures the peaks between its construction and now; scopes nest and do not disturb the global
 /// peaks. Typical use: `MemoryScope scope; step(); scope.peak_bytes() - scope.start_bytes()`.

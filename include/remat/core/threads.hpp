@@ -6,6 +6,13 @@
 
 #include "remat/core/error.hpp"
 
+/// An OpenMP pragma when remat is built with OpenMP, nothing otherwise (no unknown-pragma warnings).
+#ifdef _OPENMP
+#define REMAT_PRAGMA_OMP(x) _Pragma(#x)
+#else
+#define REMAT_PRAGMA_OMP(x)
+#endif
+
 namespace remat {
 
 inline void set_num_threads(int n) {

@@ -1,0 +1,71 @@
+// One training step of the benchmark GPT (forward, backward, SGD), timed per step, with the peak
+// of bytes saved for backward. Prints one JSON line for benchmarks/run.py.
+//   gpt_step --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
+//            --mode none|blocks|selective|uniform:K|sqrt|binomial:S --steps 5 --warmup 1
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+
+#include <remat/remat.hpp>
+
+int main(int argc, char** argv) try {
+  using namespace remat;
+  std::map<std::string, std::string> a{{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
+                                       {"batch", "8"},  {"vocab", "256"}, {"mode", "none"}, {"steps", "5"},
+                                       {"warmup", "1"}, {"dropout", "0.1"}};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = std::string(argv[i]).substr(2);
+    REMAT_CHECK(a.count(k), "gpt_step: unknown flag --{}", k);
+    a[k] = argv[i + 1];
+  }
+  nn::GPTConfig cfg;
+  cfg.n_layer = std::stoll(a["layers"]);
+  cfg.n_embd = std::stoll(a["width"]);
+  cfg.n_head = std::stoll(a["heads"]);
+  cfg.block_size = std::stoll(a["context"]);
+  cfg.vocab_size = std::stoll(a["vocab"]);
+  cfg.dropout = std::stod(a["dropout"]);
+  const std::int64_t B = std::stoll(a["batch"]);
+  Generator gen(0);
+  nn::GPT model(cfg, gen);
+  const std::string mode = a["mode"];
+  if (mode == "blocks") {
+    model.checkpoint_blocks = true;
+  } else if (mode == "selective") {
+    model.checkpoint_blocks = true;
+    model.block_save = save_policy::matmuls();
+  } else if (mode.rfind("uniform:", 0) == 0) {
+    model.block_policy = policy::uniform(std::stoll(mode.substr(8)));
+  } else if (mode == "sqrt") {
+    model.block_policy = policy::sqrt_segments();
+  } else if (mode.rfind("binomial:", 0) == 0) {
+    model.block_policy = policy::binomial(std::stoll(mode.substr(9)));
+  } else {
+    REMAT_CHECK(mode == "none", "gpt_step: unknown mode {}", mode);
+  }
+  optim::SGD sgd(model.parameters(), {1e-3});
+  const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+  const LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+  std::vector<double> ms;
+  std::size_t peak_saved = 0;
+  const int warmup = std::stoi(a["warmup"]), steps = std::stoi(a["steps"]);
+  for (int s = 0; s < warmup + steps; ++s) {
+    const std::size_t base = memory_stats().saved_bytes;
+    MemoryScope scope;
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor loss = model.loss(idx, targets);
+    loss.backward();
+    sgd.step();
+    sgd.zero_grad();
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) ms.push_back(t);
+    peak_saved = std::max(peak_saved, scope.peak_saved_bytes() - base);
+  }
+  fmt::print("{{\"impl\": \"remat\", \"mode\": \"{}\", \"ms\": [{:.3f}], \"saved_peak\": {}, \"threads\": {}}}\n", mode,
+             fmt::join(ms, ", "), peak_saved, get_num_threads());
+  return 0;
+} catch (const remat::Error& e) {
+  fmt::print(stderr, "{}\n", e.what());
+  return 2;
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""remat against PyTorch on the same GPT configurations and checkpointing modes, in one run,
+alternating the two per round; then the chain sweep and its plot. Writes CSV and SVG to --out and
+prints the tables. PyTorch gets its best: 2 threads, and OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset
+in its command alone (they slow OpenBLAS on this machine); remat runs in the untouched environment.
+usage: run.py --bin BUILD/benchmarks --out DIR [--rounds 3] [--steps 3]"""
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+CONFIGS = {
+    "small": dict(layers=8, width=256, heads=4, context=128, batch=8, vocab=256),
+    "deep": dict(layers=32, width=128, heads=4, context=64, batch=4, vocab=256),
+}
+MODES = ["none", "blocks", "sqrt", "selective"]  # selective: remat only (no PyTorch 1.13 equivalent)
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def flags(cfg, mode, steps):
+    out = [f"--mode", mode, "--steps", str(steps), "--warmup", "1"]
+    for k, v in cfg.items():
+        out += [f"--{k}", str(v)]
+    return out
+
+
+def run_json(cmd, env=None):
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if res.returncode != 0:
+        sys.exit(f"benchmark failed: {' '.join(cmd)}\n{res.stderr}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def forward_flops(c):
+    """Matrix-product FLOPs of one forward: per layer 24·BT·d² (qkv, proj, MLP) + 4·B·T²·d
+    (scores and their product with v), plus the LM head 2·BT·d·V."""
+    bt = c["batch"] * c["context"]
+    per_layer = 24 * bt * c["width"] ** 2 + 4 * c["batch"] * c["context"] ** 2 * c["width"]
+    return c["layers"] * per_layer + 2 * bt * c["width"] * c["vocab"]
+
+
+def svg_plot(rows, path):
+    """Peak saved bytes against L, one line per policy, log-log, written by hand (no matplotlib)."""
+    policies = sorted({r["policy"] for r in rows})
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    Ls = sorted({r["L"] for r in rows})
+    ys = [r["saved_peak"] / 2**20 for r in rows]
+    W, H, m = 640, 420, 60
+    x0, x1, y0, y1 = math.log2(min(Ls)), math.log2(max(Ls)), math.log2(min(ys)), math.log2(max(ys))
+    X = lambda L: m + (math.log2(L) - x0) / (x1 - x0) * (W - 2 * m)
+    Y = lambda v: H - m - (math.log2(v) - y0) / (y1 - y0) * (H - 2 * m)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{W/2}" y="20" text-anchor="middle" font-size="14">remat: peak bytes saved for backward vs GPT depth L</text>',
+           f'<line x1="{m}" y1="{H-m}" x2="{W-m}" y2="{H-m}" stroke="black"/>',
+           f'<line x1="{m}" y1="{m}" x2="{m}" y2="{H-m}" stroke="black"/>',
+           f'<text x="{W/2}" y="{H-20}" text-anchor="middle">L (blocks, log scale)</text>',
+           f'<text x="15" y="{H/2}" transform="rotate(-90 15 {H/2})" text-anchor="middle">MiB saved at peak (log scale)</text>']
+    for L in Ls:
+        out.append(f'<text x="{X(L)}" y="{H-m+16}" text-anchor="middle">{L}</text>')
+    for v in [2**k for k in range(int(math.floor(y0)), int(math.ceil(y1)) + 1)]:
+        if y0 <= math.log2(v) <= y1:
+            out.append(f'<text x="{m-6}" y="{Y(v)+4}" text-anchor="end">{v:g}</text>')
+            out.append(f'<line x1="{m}" y1="{Y(v)}" x2="{W-m}" y2="{Y(v)}" stroke="#ddd"/>')
+    for i, p in enumerate(policies):
+        pts = sorted((r["L"], r["saved_peak"] / 2**20) for r in rows if r["policy"] == p)
+        c = colors[i % len(colors)]
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="' +
+                   " ".join(f"{X(L):.1f},{Y(v):.1f}" for L, v in pts) + '"/>')
+        out.append(f'<text x="{W-m-150}" y="{m+16*i}" fill="{c}">{p}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    peer_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+
+    gemm = run_json([os.path.join(a.bin, "bench_gemm")])["gemm_gflops"]
+    print(f"float32 GEMM 1024^3 on 2 threads (Eigen): {gemm:.1f} GFLOP/s\n")
+
+    rows = []
+    for name, cfg in CONFIGS.items():
+        samples = {}
+        for _ in range(a.rounds):
+            for mode in MODES:
+                r = run_json([os.path.join(a.bin, "bench_gpt_step")] + flags(cfg, mode, a.steps))
+                samples.setdefault(("remat", mode), []).append(r)
+                if mode != "selective":
+                    t = run_json([PYTHON, os.path.join(HERE, "gpt_step_torch.py")] + flags(cfg, mode, a.steps), peer_env)
+                    samples.setdefault(("torch", mode), []).append(t)
+        for (impl, mode), rs in samples.items():
+            ms = [x for r in rs for x in r["ms"]]
+            med = statistics.median(ms)
+            gflops = 3 * forward_flops(cfg) / (med / 1e3) / 1e9
+            rows.append(dict(config=name, impl=impl, mode=mode, ms_median=round(med, 1), ms_min=round(min(ms), 1),
+                             ms_max=round(max(ms), 1), samples=len(ms), saved_peak=max(r["saved_peak"] for r in rs),
+                             model_gflops=round(gflops, 1), gemm_fraction=round(gflops / gemm, 3)))
+    with open(os.path.join(a.out, "gpt_step.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    def find(config, impl, mode):
+        return next((r for r in rows if (r["config"], r["impl"], r["mode"]) == (config, impl, mode)), None)
+
+    print("| config | mode | remat ms/step (median, min-max) | PyTorch ms/step | remat/PyTorch | remat × none | "
+          "remat saved peak MB | PyTorch saved peak MB | remat GFLOP/s (fraction of GEMM) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in CONFIGS:
+        base = find(name, "remat", "none")
+        for mode in MODES:
+            r, t = find(name, "remat", mode), find(name, "torch", mode)
+            tt = f"{t['ms_median']} ({t['ms_min']}-{t['ms_max']})" if t else "—"
+            ratio = f"{r['ms_median'] / t['ms_median']:.2f}" if t else "—"
+            tmb = f"{t['saved_peak'] / 1e6:.1f}" if t else "—"
+            print(f"| {name} | {mode} | {r['ms_median']} ({r['ms_min']}-{r['ms_max']}) | {tt} | {ratio} | "
+                  f"{r['ms_median'] / base['ms_median']:.2f} | {r['saved_peak'] / 1e6:.1f} | {tmb} | "
+                  f"{r['model_gflops']} ({r['gemm_fraction']:.0%}) |")
+
+    sweep = subprocess.run([os.path.join(a.bin, "bench_chain_sweep")], capture_output=True, text=True, check=True)
+    srows = [json.loads(line) for line in sweep.stdout.splitlines() if line.strip()]
+    with open(os.path.join(a.out, "chain_sweep.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["chain", "L", "policy", "saved_peak", "ms", "advances"])
+        w.writeheader()
+        for r in srows:
+            w.writerow({k: r.get(k, "") for k in w.fieldnames})
+    print("\nchain sweep (GPT d=64, T=64, B=4; RNN cell d=32): peak saved MB / ms per step")
+    for r in srows:
+        extra = f", {r['advances']} advances" if "advances" in r else ""
+        print(f"  {r['chain']:4s} L={r['L']:<6d} {r['policy']:15s} {r['saved_peak'] / 1e6:9.2f} MB {r['ms']:10.1f} ms{extra}")
+    svg_plot([r for r in srows if r["chain"] == "gpt"], os.path.join(a.out, "memory_vs_L.svg"))
+    print(f"\nwrote {a.out}/gpt_step.csv, chain_sweep.csv, memory_vs_L.svg")
+
+
+if __name__ == "__main__":
+    main()
