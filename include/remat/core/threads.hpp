@@ -2,7 +2,13 @@
 // The thread count of the compute kernels. Eigen's GEMM runs on OpenMP threads when remat is built
 // with OpenMP (the CMake target links it); OMP_NUM_THREADS sets the default, this overrides it.
 
+#include <algorithm>
+#include <cstdint>
+
 #include <Eigen/Core>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "remat/core/error.hpp"
 
@@ -21,5 +27,27 @@ inline void set_num_threads(int n) {
 }
 
 inline int get_num_threads() { return Eigen::nbThreads(); }
+
+/// Calls f(begin, end) on pieces of [0, n), one per thread, when n is worth splitting (at least two
+/// grains); serially otherwise. Only for work whose pieces are independent (element-wise ops,
+/// per-row ops), so results are the same bits on any thread count.
+template <class F>
+void parallel_for(std::int64_t n, std::int64_t grain, F f) {
+#ifdef _OPENMP
+  const int threads = static_cast<int>(std::min<std::int64_t>(Eigen::nbThreads(), n / std::max<std::int64_t>(grain, 1)));
+  if (threads > 1 && !omp_in_parallel()) {
+    REMAT_PRAGMA_OMP(omp parallel num_threads(threads))
+    {
+      const std::int64_t t = omp_get_thread_num();
+      f(n * t / threads, n * (t + 1) / threads);
+    }
+    return;
+  }
+#endif
+  f(std::int64_t{0}, n);
+}
+
+/// Elements per piece below which splitting costs more than it saves.
+inline constexpr std::int64_t kElementGrain = 1 << 15;
 
 }  // namespace remat

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "remat/core/tape.hpp"
+#include "remat/core/threads.hpp"
 
 namespace remat {
 
@@ -22,16 +23,22 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
   REMAT_CHECK(c > 0, "layer_norm: the normalised dim of shape {} is empty", x.shape());
   const std::int64_t n = x.numel() / c;
   BasicTensor<T> y(x.shape()), mean(Shape{n}), rstd(Shape{n});
-  auto in = detail::rows(x, c);
-  auto out = detail::rows(y, c);
-  auto mu = detail::flat(mean);
-  auto r = detail::flat(rstd);
-  mu = in.rowwise().mean();
-  out = in.colwise() - mu;
-  r = ((out.square().rowwise().sum() / static_cast<T>(c)) + static_cast<T>(eps)).rsqrt();
-  out.colwise() *= r;
-  if (weight.defined()) out.rowwise() *= detail::flat(weight).transpose();
-  if (bias.defined()) out.rowwise() += detail::flat(bias).transpose();
+  const T* px = x.data();
+  T* py = y.data();
+  T* pm = mean.data();
+  T* pr = rstd.data();
+  parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
+    const std::int64_t rows = r1 - r0;
+    detail::ConstRowArrayMap<T> in(px + r0 * c, rows, c);
+    detail::RowArrayMap<T> out(py + r0 * c, rows, c);
+    detail::ArrayMap<T> mu(pm + r0, rows), r(pr + r0, rows);
+    mu = in.rowwise().mean();
+    out = in.colwise() - mu;
+    r = ((out.square().rowwise().sum() / static_cast<T>(c)) + static_cast<T>(eps)).rsqrt();
+    out.colwise() *= r;
+    if (weight.defined()) out.rowwise() *= detail::flat(weight).transpose();
+    if (bias.defined()) out.rowwise() += detail::flat(bias).transpose();
+  });
 
   if (detail::grad_needed(x, weight, bias)) {
     std::vector<detail::SavedTensor> saved{x, mean, rstd};

@@ -16,12 +16,15 @@ BasicTensor<T> masked_select_fill(const BasicTensor<T>& x, const BoolTensor& mas
   const T* px = x.data();
   const bool* pm = mask.data();
   T* po = out.data();
-  for (std::int64_t i0 = 0; i0 < n[0]; ++i0)
-    for (std::int64_t i1 = 0; i1 < n[1]; ++i1)
-      for (std::int64_t i2 = 0; i2 < n[2]; ++i2) {
-        const bool* row = pm + i0 * sm[0] + i1 * sm[1] + i2 * sm[2];
-        for (std::int64_t i3 = 0; i3 < n[3]; ++i3, ++px, ++po) *po = row[i3 * sm[3]] ? fill : *px;
-      }
+  parallel_for(n[0] * n[1] * n[2], std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(n[3], 1)),
+               [&](std::int64_t r0, std::int64_t r1) {
+                 for (std::int64_t r = r0; r < r1; ++r) {
+                   const std::int64_t i2 = r % n[2], i1 = (r / n[2]) % n[1], i0 = r / (n[2] * n[1]);
+                   const bool* row = pm + i0 * sm[0] + i1 * sm[1] + i2 * sm[2];
+                   for (std::int64_t i3 = 0; i3 < n[3]; ++i3)
+                     po[r * n[3] + i3] = row[i3 * sm[3]] ? fill : px[r * n[3] + i3];
+                 }
+               });
   return out;
 }
 

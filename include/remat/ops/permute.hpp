@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "remat/core/tape.hpp"
+#include "remat/core/threads.hpp"
 
 namespace remat {
 namespace detail {
@@ -22,12 +23,16 @@ BasicTensor<T> permuted_copy(const BasicTensor<T>& x, const std::vector<int>& pe
   BasicTensor<T> out{Shape(out_sizes)};
   const T* px = x.data();
   T* po = out.data();
-  for (std::int64_t i0 = 0; i0 < n[0]; ++i0)
-    for (std::int64_t i1 = 0; i1 < n[1]; ++i1)
-      for (std::int64_t i2 = 0; i2 < n[2]; ++i2) {
-        const T* base = px + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
-        for (std::int64_t i3 = 0; i3 < n[3]; ++i3) *po++ = base[i3 * stride[3]];
-      }
+  // Rows of the output (all dims but the last), split across threads.
+  parallel_for(n[0] * n[1] * n[2], std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(n[3], 1)),
+               [&](std::int64_t r0, std::int64_t r1) {
+                 for (std::int64_t r = r0; r < r1; ++r) {
+                   const std::int64_t i2 = r % n[2], i1 = (r / n[2]) % n[1], i0 = r / (n[2] * n[1]);
+                   const T* base = px + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
+                   T* row = po + r * n[3];
+                   for (std::int64_t i3 = 0; i3 < n[3]; ++i3) row[i3] = base[i3 * stride[3]];
+                 }
+               });
   return out;
 }
 

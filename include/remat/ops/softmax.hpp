@@ -1,6 +1,7 @@
 #pragma once
 #include "remat/checkpoint/selective.hpp"
 #include "remat/core/tape.hpp"
+#include "remat/core/threads.hpp"
 
 namespace remat {
 namespace detail {
@@ -21,19 +22,29 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   const std::int64_t c = x.size(-1);
   BasicTensor<T> y = detail::compute_or_reuse<T>("softmax", x.shape(), [&] {
     BasicTensor<T> result(x.shape());
-    auto in = detail::rows(x, c);
-    auto out = detail::rows(result, c);
-    out = (in.colwise() - in.rowwise().maxCoeff()).exp();
-    out.colwise() /= out.rowwise().sum();
+    const T* px = x.data();
+    T* py = result.data();
+    parallel_for(x.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                 [&](std::int64_t r0, std::int64_t r1) {
+                   detail::ConstRowArrayMap<T> in(px + r0 * c, r1 - r0, c);
+                   detail::RowArrayMap<T> out(py + r0 * c, r1 - r0, c);
+                   out = (in.colwise() - in.rowwise().maxCoeff()).exp();
+                   out.colwise() /= out.rowwise().sum();
+                 });
     return result;
   });
   if (detail::grad_needed(x))
     detail::record<T>("softmax", {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> yv = ctx.saved(0);
-      auto ys = detail::rows(yv, c);
-      auto dy = detail::rows(ctx.grad_output(), c);
+      const T* py = yv.data();
+      const T* pd = ctx.grad_output().data();
       BasicTensor<T> dx(yv.shape());
-      detail::rows(dx, c) = ys * (dy.colwise() - (dy * ys).rowwise().sum());
+      T* px = dx.data();
+      parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                   [&](std::int64_t r0, std::int64_t r1) {
+                     detail::ConstRowArrayMap<T> ys(py + r0 * c, r1 - r0, c), dy(pd + r0 * c, r1 - r0, c);
+                     detail::RowArrayMap<T>(px + r0 * c, r1 - r0, c) = ys * (dy.colwise() - (dy * ys).rowwise().sum());
+                   });
       ctx.accumulate(0, std::move(dx));
     });
   return y;

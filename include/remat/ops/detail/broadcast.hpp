@@ -6,6 +6,7 @@
 #include <array>
 
 #include "remat/core/tensor.hpp"
+#include "remat/core/threads.hpp"
 
 namespace remat::detail {
 
@@ -59,32 +60,38 @@ template <class T, class F>
 BasicTensor<T> broadcast_apply(const BasicTensor<T>& a, const BasicTensor<T>& b, const char* op, F f) {
   const Shape shape = broadcast_shape(a.shape(), b.shape(), op);
   BasicTensor<T> out(shape);
+  T* po = out.data();
+  const T* pa = a.data();
+  const T* pb = b.data();
+  const std::int64_t n = out.numel();
   if (a.shape() == b.shape()) {
-    flat(out) = f(flat(a), flat(b));
-  } else if (b.numel() == 1 && a.numel() == out.numel()) {
-    flat(out) = f(flat(a), b.data()[0]);
-  } else if (a.numel() == 1 && b.numel() == out.numel()) {
-    flat(out) = f(a.data()[0], flat(b));
+    parallel_for(n, kElementGrain, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap<T>(po + s, e - s) = f(ConstArrayMap<T>(pa + s, e - s), ConstArrayMap<T>(pb + s, e - s));
+    });
+  } else if (b.numel() == 1 && a.numel() == n) {
+    parallel_for(n, kElementGrain, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap<T>(po + s, e - s) = f(ConstArrayMap<T>(pa + s, e - s), pb[0]);
+    });
+  } else if (a.numel() == 1 && b.numel() == n) {
+    parallel_for(n, kElementGrain, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap<T>(po + s, e - s) = f(pa[0], ConstArrayMap<T>(pb + s, e - s));
+    });
   } else if (a.shape() == shape && is_trailing(b.shape(), shape)) {
     const std::int64_t m = b.numel();
-    auto rb = flat(b);
-    T* po = out.data();
-    const T* pa = a.data();
-    for (std::int64_t r = 0; r < out.numel() / m; ++r)
-      ArrayMap<T>(po + r * m, m) = f(ConstArrayMap<T>(pa + r * m, m), rb);
+    parallel_for(n / m, std::max<std::int64_t>(1, kElementGrain / m), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r)
+        ArrayMap<T>(po + r * m, m) = f(ConstArrayMap<T>(pa + r * m, m), ConstArrayMap<T>(pb, m));
+    });
   } else if (b.shape() == shape && is_trailing(a.shape(), shape)) {
     const std::int64_t m = a.numel();
-    auto ra = flat(a);
-    T* po = out.data();
-    const T* pb = b.data();
-    for (std::int64_t r = 0; r < out.numel() / m; ++r)
-      ArrayMap<T>(po + r * m, m) = f(ra, ConstArrayMap<T>(pb + r * m, m));
+    parallel_for(n / m, std::max<std::int64_t>(1, kElementGrain / m), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r)
+        ArrayMap<T>(po + r * m, m) = f(ConstArrayMap<T>(pa, m), ConstArrayMap<T>(pb + r * m, m));
+    });
   } else {
-    const auto n = padded_sizes(shape);
+    const auto sizes = padded_sizes(shape);
+    const auto& n = sizes;
     const auto sa = broadcast_strides(a.shape(), shape), sb = broadcast_strides(b.shape(), shape);
-    const T* pa = a.data();
-    const T* pb = b.data();
-    T* po = out.data();
     for (std::int64_t i0 = 0; i0 < n[0]; ++i0)
       for (std::int64_t i1 = 0; i1 < n[1]; ++i1)
         for (std::int64_t i2 = 0; i2 < n[2]; ++i2) {
