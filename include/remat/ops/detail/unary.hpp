@@ -18,61 +18,48 @@ void map_elements(BasicTensor<T>& out, F f, const In&... in) {
   });
 }
 
-/// y = forward(x); dx = backward(dy, y). Saves: y (for ops whose derivative is a function of y).
-template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_output(const char* op, const BasicTensor<T>& x, Forward forward,
-                                   Backward backward) {
+/// What an element-wise unary op keeps for its backward.
+enum class UnarySaves { nothing, input, output };
+
+/// y = forward(x); dx = backward(dy) or backward(dy, saved), with saved = x or y as `Saves` says.
+template <UnarySaves Saves, class T, class Forward, class Backward>
+BasicTensor<T> unary_op(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
   BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
     BasicTensor<T> out(x.shape());
     map_elements(out, forward, x);
     return out;
   });
-  if (grad_needed(x))
-    record<T>(op, {x}, {&y}, {y}, [backward](BackwardContext<T>& ctx) {
-      const BasicTensor<T> out = ctx.template saved<T>(0);
-      BasicTensor<T> dx(out.shape());
-      map_elements(dx, backward, ctx.grad_output(), out);
+  if (grad_needed(x)) {
+    std::vector<SavedTensor> saved;
+    if constexpr (Saves == UnarySaves::input) saved.emplace_back(x);
+    if constexpr (Saves == UnarySaves::output) saved.emplace_back(y);
+    record<T>(op, {x}, {&y}, std::move(saved), [backward](BackwardContext<T>& ctx) {
+      const BasicTensor<T>& dy = ctx.grad_output();
+      BasicTensor<T> dx(dy.shape());
+      if constexpr (Saves == UnarySaves::nothing) map_elements(dx, backward, dy);
+      else map_elements(dx, backward, dy, ctx.template saved<T>(0));
       ctx.accumulate(0, std::move(dx));
     });
+  }
   return y;
+}
+
+/// y = forward(x); dx = backward(dy, y). Saves: y (for ops whose derivative is a function of y).
+template <class T, class Forward, class Backward>
+BasicTensor<T> unary_saving_output(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+  return unary_op<UnarySaves::output>(op, x, forward, backward);
 }
 
 /// y = forward(x); dx = backward(dy, x). Saves: x.
 template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_input(const char* op, const BasicTensor<T>& x, Forward forward,
-                                  Backward backward) {
-  BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
-    BasicTensor<T> out(x.shape());
-    map_elements(out, forward, x);
-    return out;
-  });
-  if (grad_needed(x))
-    record<T>(op, {x}, {&y}, {x}, [backward](BackwardContext<T>& ctx) {
-      const BasicTensor<T> in = ctx.template saved<T>(0);
-      BasicTensor<T> dx(in.shape());
-      map_elements(dx, backward, ctx.grad_output(), in);
-      ctx.accumulate(0, std::move(dx));
-    });
-  return y;
+BasicTensor<T> unary_saving_input(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+  return unary_op<UnarySaves::input>(op, x, forward, backward);
 }
 
 /// y = forward(x); dx = backward(dy). Saves nothing (linear ops: negation, scalar add and scale).
 template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_nothing(const char* op, const BasicTensor<T>& x, Forward forward,
-                                    Backward backward) {
-  BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
-    BasicTensor<T> out(x.shape());
-    map_elements(out, forward, x);
-    return out;
-  });
-  if (grad_needed(x))
-    record<T>(op, {x}, {&y}, {}, [backward](BackwardContext<T>& ctx) {
-      const BasicTensor<T>& dy = ctx.grad_output();
-      BasicTensor<T> dx(dy.shape());
-      map_elements(dx, backward, dy);
-      ctx.accumulate(0, std::move(dx));
-    });
-  return y;
+BasicTensor<T> unary_saving_nothing(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+  return unary_op<UnarySaves::nothing>(op, x, forward, backward);
 }
 
 }  // namespace remat::detail
