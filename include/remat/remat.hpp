@@ -19,6 +19,7 @@
 #include "remat/checkpoint/selective.hpp"
 
 #include "remat/ops/add.hpp"
+#include "remat/ops/attention.hpp"
 #include "remat/ops/cat.hpp"
 #include "remat/ops/cross_entropy.hpp"
 #include "remat/ops/div.hpp"

@@ -31,11 +31,18 @@ TEST_CASE("selective checkpointing: kept outputs are exactly what is saved on to
   const Tensor x = randn({B, T, C}, init);
   const std::size_t before = memory_stats().saved_bytes;
   Tensor y = checkpoint(CheckpointOptions{"block", false, save_policy::matmuls()}, block, x);
-  // Kept: c_attn (B,T,3C), q kᵀ (B,H,T,T), att v (B,H,T,C/H), attn c_proj (B,T,C), c_fc (B,T,4C), mlp c_proj (B,T,C).
-  const std::size_t kept = sizeof(float) * static_cast<std::size_t>(B * T * (3 * C + C + C + 4 * C + C) + B * H * T * T);
+  // Kept: c_attn (B,T,3C), attn c_proj (B,T,C), c_fc (B,T,4C), mlp c_proj (B,T,C); the fused
+  // attention core is no matmul and is recomputed.
+  const std::size_t kept = sizeof(float) * static_cast<std::size_t>(B * T * (3 * C + C + 4 * C + C));
   CHECK(memory_stats().saved_bytes - before == x.nbytes() + kept);
   sum(y).backward();
   CHECK(memory_stats().saved_bytes == before);
+
+  // With the explicit attention ops, q kᵀ (B,H,T,T) and att v (B,H,T,C/H) are matmuls and kept too.
+  block.attn.fused = false;
+  Tensor z = checkpoint(CheckpointOptions{"block", false, save_policy::matmuls()}, block, x);
+  CHECK(memory_stats().saved_bytes - before == x.nbytes() + kept + sizeof(float) * static_cast<std::size_t>(B * H * T * T + B * T * C));
+  sum(z).backward();
 }
 
 TEST_CASE("selective checkpointing: a replay that asks for other kept ops throws", "[checkpoint][selective][misuse]") {

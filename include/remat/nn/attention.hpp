@@ -10,11 +10,12 @@
 #include "remat/ops/permute.hpp"
 #include "remat/ops/reshape.hpp"
 #include "remat/ops/softmax.hpp"
+#include "remat/ops/attention.hpp"
 #include "remat/ops/cat.hpp"
 
 namespace remat::nn {
 
-/// Multi-head causal self-attention with explicit softmax, as in GPT-2:
+/// Multi-head causal self-attention, as in GPT-2:
 ///   q, k, v = split(c_attn(x)),  att = softmax(mask(q kᵀ / √d)),  y = c_proj(dropout(att) v).
 class CausalSelfAttention : public UnaryModule {
  public:
@@ -37,14 +38,23 @@ class CausalSelfAttention : public UnaryModule {
     const auto qkv = split(c_attn(x), C, -1);  // 3 × (B, T, C)
     auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // (B, H, T, D)
     const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-    Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
-    att = masked_fill(att, causal_mask(T), -std::numeric_limits<float>::infinity());
-    att = attn_dropout(softmax(att));
-    const Tensor y = reshape(permute(matmul(att, v), {0, 2, 1, 3}), {B, T, C});  // (B, T, C)
+    Tensor out;  // (B, H, T, D)
+    if (fused) {
+      out = causal_attention(q, k, v, attn_dropout.p, attn_dropout.is_training());
+    } else {
+      Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+      att = masked_fill(att, causal_mask(T), -std::numeric_limits<float>::infinity());
+      out = matmul(attn_dropout(softmax(att)), v);
+    }
+    const Tensor y = reshape(permute(out, {0, 2, 1, 3}), {B, T, C});  // (B, T, C)
     return resid_dropout(c_proj(y));
   }
 
   std::int64_t n_embd, n_head;
+  /// One fused attention op (saves q, k, v and row statistics, never the (T, T) probabilities);
+  /// false runs the explicit ops (matmul, masked_fill, softmax, dropout, matmul), which selective
+  /// checkpointing can keep individually. Both draw the same dropout masks.
+  bool fused = true;
   Linear c_attn, c_proj;
   Dropout attn_dropout, resid_dropout;
 };

@@ -1,0 +1,129 @@
+#pragma once
+// Causal scaled-dot-product attention as one op: for each (batch, head) the scores, the causal
+// mask, the softmax, dropout and the product with v run in one pass, and only q, k, v and a
+// log-sum-exp per query row are saved; backward recomputes the probabilities from them (the
+// memory-efficient attention of Rabe & Staats and FlashAttention, on the CPU).
+
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include "remat/core/random.hpp"
+#include "remat/core/tape.hpp"
+#include "remat/core/threads.hpp"
+
+namespace remat {
+namespace detail {
+
+/// Keep-or-drop for element `index` of the flattened (B, H, T, T) probabilities: the same bits a
+/// dropout() over that tensor would draw from the generator state `state`.
+inline bool attention_keep(Generator::State state, std::uint64_t index, float p) {
+  const std::uint64_t c = state.offset + index / 4;
+  const auto bits = philox4x32_10({static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), 0u, 0u},
+                                  {static_cast<std::uint32_t>(state.seed), static_cast<std::uint32_t>(state.seed >> 32)});
+  return static_cast<float>(bits[index % 4] >> 8) * 0x1.0p-24f >= p;
+}
+
+/// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
+/// log-sum-exp when `lse_in` is given, else computing it into `lse_out`.
+template <class T>
+void attention_probs(const T* q, const T* k, std::int64_t t, std::int64_t d, T scale, Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& p,
+                     const T* lse_in, T* lse_out) {
+  p.noalias() = ConstMatrixMap<T>(q, t, d) * ConstMatrixMap<T>(k, t, d).transpose();
+  for (std::int64_t i = 0; i < t; ++i) {
+    auto row = p.row(i).array();
+    row.head(i + 1) *= scale;
+    T lse;
+    if (lse_in) {
+      lse = lse_in[i];
+    } else {
+      const T m = row.head(i + 1).maxCoeff();
+      lse = m + std::log((row.head(i + 1) - m).exp().sum());
+      lse_out[i] = lse;
+    }
+    row.head(i + 1) = (row.head(i + 1) - lse).exp();
+    row.tail(t - i - 1).setZero();
+  }
+}
+
+}  // namespace detail
+
+/// y = dropout(softmax(mask(q kᵀ / √D))) v for q, k, v of shape (B, H, T, D), causal mask, dropout
+/// probability p in training (drawn from `gen` exactly as dropout() on the (B, H, T, T) tensor).
+/// Backward, with P the probabilities, M the dropout mask / (1-p), Pd = M ⊙ P:
+///   dV = Pdᵀ dY,  dP = M ⊙ (dY Vᵀ),  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = dS K / √D,  dK = dSᵀ Q / √D.
+/// Saves: q, k, v and one log-sum-exp per query row (B, H, T); never a (T, T) tensor.
+template <class T>
+BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
+                                double dropout_p = 0.0, bool training = true, Generator& gen = default_generator()) {
+  REMAT_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
+              "causal_attention: q, k, v must share one (B, H, T, D) shape, got {}, {}, {}", q.shape(), k.shape(), v.shape());
+  REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention: dropout must be in [0, 1), got {}", dropout_p);
+  const std::int64_t B = q.size(0), H = q.size(1), t = q.size(2), d = q.size(3);
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const float p = training ? static_cast<float>(dropout_p) : 0.0f;
+  const T keep_scale = p > 0 ? static_cast<T>(1.0 / (1.0 - dropout_p)) : T(1);  // as dropout() computes it
+  const Generator::State rng = gen.state();
+  if (p > 0) gen.set_state({rng.seed, rng.offset + static_cast<std::uint64_t>((B * H * t * t + 3) / 4)});
+
+  BasicTensor<T> y(q.shape()), lse(Shape{B, H, t});
+  const T* pq = q.data();
+  const T* pk = k.data();
+  const T* pv = v.data();
+  T* py = y.data();
+  T* pl = lse.data();
+  parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
+    Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t);
+    for (std::int64_t bh = b0; bh < b1; ++bh) {
+      const std::int64_t off = bh * t * d;
+      detail::attention_probs(pq + off, pk + off, t, d, scale, probs, static_cast<const T*>(nullptr), pl + bh * t);
+      if (p > 0)
+        for (std::int64_t i = 0; i < t; ++i)
+          for (std::int64_t j = 0; j <= i; ++j)
+            probs(i, j) = detail::attention_keep(rng, static_cast<std::uint64_t>((bh * t + i) * t + j), p) ? probs(i, j) * keep_scale : T(0);
+      detail::MatrixMap<T>(py + off, t, d).noalias() = probs * detail::ConstMatrixMap<T>(pv + off, t, d);
+    }
+  });
+
+  if (detail::grad_needed(q, k, v))
+    detail::record<T>("causal_attention", {q, k, v}, {&y}, {q, k, v, lse}, [=](detail::BackwardContext<T>& ctx) {
+      const BasicTensor<T> qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2), ls = ctx.saved(3);
+      const T* dy = ctx.grad_output().data();
+      BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());
+      parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
+        Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), dp(t, t);
+        for (std::int64_t bh = b0; bh < b1; ++bh) {
+          const std::int64_t off = bh * t * d;
+          detail::attention_probs(qs.data() + off, ks.data() + off, t, d, scale, probs, ls.data() + bh * t, static_cast<T*>(nullptr));
+          detail::ConstMatrixMap<T> dY(dy + off, t, d), Q(qs.data() + off, t, d), K(ks.data() + off, t, d), V(vs.data() + off, t, d);
+          dp.noalias() = dY * V.transpose();
+          if (p > 0) {
+            for (std::int64_t i = 0; i < t; ++i)
+              for (std::int64_t j = 0; j < t; ++j) {
+                const bool keep = j <= i && detail::attention_keep(rng, static_cast<std::uint64_t>((bh * t + i) * t + j), p);
+                dp(i, j) = keep ? dp(i, j) * keep_scale : T(0);
+              }
+            // dV needs the dropped probabilities: M ⊙ P, with M = keep / (1-p) as in dp.
+            Eigen::Matrix<T, -1, -1, Eigen::RowMajor> pd = probs;
+            for (std::int64_t i = 0; i < t; ++i)
+              for (std::int64_t j = 0; j <= i; ++j)
+                pd(i, j) = detail::attention_keep(rng, static_cast<std::uint64_t>((bh * t + i) * t + j), p) ? pd(i, j) * keep_scale : T(0);
+            detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = pd.transpose() * dY;
+          } else {
+            detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = probs.transpose() * dY;
+          }
+          const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
+          dp.array() = probs.array() * (dp.array().colwise() - rowdot);
+          dp *= scale;
+          detail::MatrixMap<T>(dq.data() + off, t, d).noalias() = dp * K;
+          detail::MatrixMap<T>(dk.data() + off, t, d).noalias() = dp.transpose() * Q;
+        }
+      });
+      ctx.accumulate(0, std::move(dq));
+      ctx.accumulate(1, std::move(dk));
+      ctx.accumulate(2, std::move(dv));
+    });
+  return y;
+}
+
+}  // namespace remat
