@@ -15,13 +15,25 @@
 namespace remat {
 namespace detail {
 
-/// Keep-or-drop for element `index` of the flattened (B, H, T, T) probabilities: the same bits a
-/// dropout() over that tensor would draw from the generator state `state`.
-inline bool attention_keep(Generator::State state, std::uint64_t index, float p) {
-  const std::uint64_t c = state.offset + index / 4;
-  const auto bits = philox4x32_10({static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), 0u, 0u},
-                                  {static_cast<std::uint32_t>(state.seed), static_cast<std::uint32_t>(state.seed >> 32)});
-  return static_cast<float>(bits[index % 4] >> 8) * 0x1.0p-24f >= p;
+/// The dropout multipliers of one (batch, head)'s (T, T) probabilities — keep/(1-p) or 0 — drawn
+/// exactly as dropout() on the flattened (B, H, T, T) tensor would draw them from `state`: element
+/// i uses the (i mod 4)-th word of Philox block state.offset + i/4.
+template <class T>
+void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_t t, float p, T keep_scale,
+                            Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& mask) {
+  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(state.seed), static_cast<std::uint32_t>(state.seed >> 32)};
+  const std::uint64_t first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
+  for (std::uint64_t blk = first / 4; blk * 4 < last; ++blk) {
+    const std::uint64_t c = state.offset + blk;
+    const auto bits = philox4x32_10({static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), 0u, 0u}, key);
+    for (std::uint64_t w = 0; w < 4; ++w) {
+      const std::uint64_t i = blk * 4 + w;
+      if (i < first || i >= last) continue;
+      const auto local = static_cast<std::int64_t>(i - first);
+      const float u = static_cast<float>(bits[w] >> 8) * 0x1.0p-24f;
+      mask(local / t, local % t) = u >= p ? keep_scale : T(0);
+    }
+  }
 }
 
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
@@ -73,14 +85,15 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   T* py = y.data();
   T* pl = lse.data();
   parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
-    Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t);
+    Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), mask;
+    if (p > 0) mask.resize(t, t);
     for (std::int64_t bh = b0; bh < b1; ++bh) {
       const std::int64_t off = bh * t * d;
       detail::attention_probs(pq + off, pk + off, t, d, scale, probs, static_cast<const T*>(nullptr), pl + bh * t);
-      if (p > 0)
-        for (std::int64_t i = 0; i < t; ++i)
-          for (std::int64_t j = 0; j <= i; ++j)
-            probs(i, j) = detail::attention_keep(rng, static_cast<std::uint64_t>((bh * t + i) * t + j), p) ? probs(i, j) * keep_scale : T(0);
+      if (p > 0) {
+        detail::attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+        probs.array() *= mask.array();
+      }
       detail::MatrixMap<T>(py + off, t, d).noalias() = probs * detail::ConstMatrixMap<T>(pv + off, t, d);
     }
   });
@@ -91,24 +104,17 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
       const T* dy = ctx.grad_output().data();
       BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());
       parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
-        Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), dp(t, t);
+        Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), dp(t, t), mask;
+        if (p > 0) mask.resize(t, t);
         for (std::int64_t bh = b0; bh < b1; ++bh) {
           const std::int64_t off = bh * t * d;
           detail::attention_probs(qs.data() + off, ks.data() + off, t, d, scale, probs, ls.data() + bh * t, static_cast<T*>(nullptr));
           detail::ConstMatrixMap<T> dY(dy + off, t, d), Q(qs.data() + off, t, d), K(ks.data() + off, t, d), V(vs.data() + off, t, d);
           dp.noalias() = dY * V.transpose();
           if (p > 0) {
-            for (std::int64_t i = 0; i < t; ++i)
-              for (std::int64_t j = 0; j < t; ++j) {
-                const bool keep = j <= i && detail::attention_keep(rng, static_cast<std::uint64_t>((bh * t + i) * t + j), p);
-                dp(i, j) = keep ? dp(i, j) * keep_scale : T(0);
-              }
-            // dV needs the dropped probabilities: M ⊙ P, with M = keep / (1-p) as in dp.
-            Eigen::Matrix<T, -1, -1, Eigen::RowMajor> pd = probs;
-            for (std::int64_t i = 0; i < t; ++i)
-              for (std::int64_t j = 0; j <= i; ++j)
-                pd(i, j) = detail::attention_keep(rng, static_cast<std::uint64_t>((bh * t + i) * t + j), p) ? pd(i, j) * keep_scale : T(0);
-            detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = pd.transpose() * dY;
+            detail::attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+            dp.array() *= mask.array();  // dP = M ⊙ (dY Vᵀ); above the diagonal P is 0 anyway
+            detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = (mask.array() * probs.array()).matrix().transpose() * dY;
           } else {
             detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = probs.transpose() * dY;
           }
