@@ -181,7 +181,8 @@ int main(int argc, char** argv) try {
   optim::ParamGroup decay{{}, 0.1}, no_decay{{}, 0.0};
   for (auto& [name, p] : model.named_parameters()) (p->dim() >= 2 ? decay : no_decay).params.push_back(p);
   optim::AdamW opt_adamw({decay, no_decay}, {opt.lr, 0.9, 0.95, 1e-8});
-  const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, std::max<std::int64_t>(1, opt.steps / 10), opt.steps);
+  const std::int64_t warmup = std::min<std::int64_t>(std::max<std::int64_t>(1, opt.steps / 10), opt.steps - 1);
+  const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, warmup, opt.steps);
 
   // One measured step in each mode, so the output shows what checkpointing buys on this model.
   {
