@@ -17,7 +17,7 @@ int main() {
     cfg.vocab_size = 64;
     Generator gen(0);
     nn::GPT model(cfg, gen);
-    model.block_policy = std::move(p);
+    apply_checkpointing(model, p ? Checkpointing::chain(*p) : Checkpointing::none());
     const LongTensor idx = randint(0, 64, {4, 64}, gen), tgt = randint(0, 64, {4, 64}, gen);
     double best = 1e30;
     std::size_t peak = 0;

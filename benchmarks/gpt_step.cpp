@@ -1,7 +1,7 @@
 // One training step of the benchmark GPT (forward, backward, SGD), timed per step, with the peak
 // of bytes saved for backward. Prints one JSON line for benchmarks/run.py.
 //   gpt_step --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
-//            --mode none|blocks|selective|uniform:K|sqrt|binomial:S --steps 5 --warmup 1
+//            --mode none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB --steps 5 --warmup 1
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -30,20 +30,7 @@ int main(int argc, char** argv) try {
   Generator gen(0);
   nn::GPT model(cfg, gen);
   const std::string mode = a["mode"];
-  if (mode == "blocks") {
-    model.checkpoint_blocks = true;
-  } else if (mode == "selective") {
-    model.checkpoint_blocks = true;
-    model.block_save = save_policy::matmuls();
-  } else if (mode.rfind("uniform:", 0) == 0) {
-    model.block_policy = policy::uniform(std::stoll(mode.substr(8)));
-  } else if (mode == "sqrt") {
-    model.block_policy = policy::sqrt_segments();
-  } else if (mode.rfind("binomial:", 0) == 0) {
-    model.block_policy = policy::binomial(std::stoll(mode.substr(9)));
-  } else {
-    REMAT_CHECK(mode == "none", "gpt_step: unknown mode {}", mode);
-  }
+  apply_checkpointing(model, policy::parse(mode));
   optim::SGD sgd(model.parameters(), {1e-3});
   const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
   const LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);

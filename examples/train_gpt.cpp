@@ -5,7 +5,7 @@
 //   train_gpt [--data PATH] [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 16]
 //             [--steps 300] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 25]
 //             [--out gpt.safetensors] [--sample 300]
-//             [--policy none|blocks|uniform:K|sqrt|binomial:S|budget:MB]
+//             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB]
 //
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
@@ -93,24 +93,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-/// --policy as a chain policy; none and blocks are handled without one.
-std::optional<Policy> parse_policy(const std::string& text) {
-  const auto colon = text.find(':');
-  const std::string kind = text.substr(0, colon);
-  const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
-  auto number = [&] {
-    REMAT_CHECK(!arg.empty(), "train_gpt: --policy {} needs a number after the colon", kind);
-    return std::stod(arg);
-  };
-  if (kind == "none" || kind == "blocks") return std::nullopt;
-  if (kind == "uniform") return policy::uniform(static_cast<std::int64_t>(number()));
-  if (kind == "sqrt") return policy::sqrt_segments();
-  if (kind == "binomial") return policy::binomial(static_cast<std::int64_t>(number()));
-  if (kind == "budget") return policy::budget(static_cast<std::size_t>(number() * 1024 * 1024));
-  throw Error(fmt::format("train_gpt: --policy must be none, blocks, uniform:K, sqrt, binomial:S or budget:MB; got '{}'",
-                          text));
-}
-
 /// A character vocabulary and the text as ids.
 struct Corpus {
   std::string chars;              // id -> character
@@ -162,6 +144,7 @@ std::string human_bytes(std::size_t b) {
 
 int main(int argc, char** argv) try {
   const Options opt = parse(argc, argv);
+  const Checkpointing checkpointing = policy::parse(opt.policy);
   const Corpus corpus = load(opt.data);
   const std::size_t split = corpus.ids.size() * 9 / 10;  // the last tenth is held out
   REMAT_CHECK(split > static_cast<std::size_t>(opt.context) + 2, "train_gpt: {} is too short for context {}", opt.data, opt.context);
@@ -188,7 +171,7 @@ int main(int argc, char** argv) try {
   {
     auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
     for (const bool ck : {false, true}) {
-      model.checkpoint_blocks = ck;
+      apply_checkpointing(model, ck ? Checkpointing::each_block() : Checkpointing::none());
       const std::size_t base = memory_stats().saved_bytes;
       MemoryScope scope;
       Tensor loss = model.loss(x, y);
@@ -199,15 +182,14 @@ int main(int argc, char** argv) try {
                  human_bytes(scope.peak_saved_bytes() - base), human_bytes(scope.peak_bytes()));
     }
     model.zero_grad();
-    model.checkpoint_blocks = opt.policy == "blocks";
-    model.block_policy = parse_policy(opt.policy);
-    if (model.block_policy) {
+    if (checkpointing.schedule) {
       // Measure each block once and show the schedule before running it.
       const LongTensor pos = arange<std::int64_t>(0, opt.context);
       const Tensor h0 = (model.wte(x) + model.wpe(pos)).detach();
-      model.block_costs = measure_steps(module_steps(model.h), h0);
-      fmt::print("{}", plan(*model.block_policy, cfg.n_layer, model.block_costs).str());
+      *checkpointing.costs = measure_steps(model.blocks(), h0);
+      fmt::print("{}", plan(*checkpointing.schedule, cfg.n_layer, *checkpointing.costs).str());
     }
+    apply_checkpointing(model, checkpointing);
   }
 
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",

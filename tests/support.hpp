@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <remat/remat.hpp>
+#include <remat/testing/compare.hpp>
 #include <remat/testing/gradcheck.hpp>
 
 namespace remat::test {

@@ -1,20 +1,28 @@
 #pragma once
 // The whole library: #include <remat/remat.hpp>.
 
+#include "remat/core/autograd.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/core/format.hpp"
 #include "remat/core/memory.hpp"
+#include "remat/core/node.hpp"
+#include "remat/core/op_output.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/saved_report.hpp"
+#include "remat/core/saved_tensor.hpp"
+#include "remat/core/scoped.hpp"
 #include "remat/core/shape.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
 
+#include "remat/checkpoint/apply.hpp"
 #include "remat/checkpoint/budget.hpp"
 #include "remat/checkpoint/chain.hpp"
 #include "remat/checkpoint/checkpoint.hpp"
+#include "remat/checkpoint/error.hpp"
+#include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/selective.hpp"
 
@@ -49,6 +57,7 @@
 #include "remat/ops/tanh.hpp"
 
 #include "remat/nn/attention.hpp"
+#include "remat/nn/blocks.hpp"
 #include "remat/nn/dropout.hpp"
 #include "remat/nn/embedding.hpp"
 #include "remat/nn/gpt.hpp"

@@ -17,7 +17,7 @@ TEST_CASE("chain: a GPT's gradients are bitwise identical under every policy, dr
   const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
   auto run = [&](std::optional<Policy> p) {
     gpt.zero_grad();
-    gpt.block_policy = std::move(p);
+    apply_checkpointing(gpt, p ? Checkpointing::chain(*p) : Checkpointing::none());
     manual_seed(8);
     Tensor loss = gpt.loss(idx, targets);
     loss.backward();

@@ -92,7 +92,7 @@ TEST_CASE("checkpoint: a whole GPT with every block checkpointed and dropout on,
   const LongTensor idx = randint(0, 23, {3, 12}, init), targets = randint(0, 23, {3, 12}, init);
   auto run = [&](bool ck) {
     gpt.zero_grad();
-    gpt.checkpoint_blocks = ck;
+    apply_checkpointing(gpt, ck ? Checkpointing::each_block() : Checkpointing::none());
     manual_seed(5);
     Tensor loss = gpt.loss(idx, targets);
     loss.backward();
@@ -150,7 +150,7 @@ TEST_CASE("checkpoint: parameters get gradients when no input requires grad (fro
   const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
   auto run = [&](bool ck) {
     gpt.zero_grad();
-    gpt.checkpoint_blocks = ck;
+    apply_checkpointing(gpt, ck ? Checkpointing::each_block() : Checkpointing::none());
     gpt.loss(idx, targets).backward();
     return test::gradients(gpt);
   };

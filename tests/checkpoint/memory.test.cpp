@@ -19,7 +19,7 @@ TEST_CASE("checkpoint memory: a GPT with every block checkpointed saves exactly 
     block_bytes = memory_stats().saved_bytes - before;
   }
 
-  gpt.checkpoint_blocks = true;
+  apply_checkpointing(gpt, Checkpointing::each_block());
   const std::size_t start = memory_stats().saved_bytes;
   MemoryScope scope;
   Tensor loss = gpt.loss(idx, targets);
@@ -39,7 +39,7 @@ TEST_CASE("checkpoint memory: a GPT with every block checkpointed saves exactly 
   CHECK(memory_stats().saved_bytes == start);
 
   // Without checkpointing the tape holds every block's activations.
-  gpt.checkpoint_blocks = false;
+  apply_checkpointing(gpt, Checkpointing::none());
   gpt.zero_grad();
   Tensor full = gpt.loss(idx, targets);
   const std::size_t plain = memory_stats().saved_bytes - start;

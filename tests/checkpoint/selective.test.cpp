@@ -8,8 +8,7 @@ TEST_CASE("selective checkpointing: keeping matmul outputs gives bitwise-identic
   const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
   auto run = [&](bool ck, SavePolicy save) {
     gpt.zero_grad();
-    gpt.checkpoint_blocks = ck;
-    gpt.block_save = std::move(save);
+    apply_checkpointing(gpt, ck ? Checkpointing::each_block(std::move(save)) : Checkpointing::none());
     manual_seed(3);
     Tensor loss = gpt.loss(idx, targets);
     loss.backward();
@@ -20,7 +19,7 @@ TEST_CASE("selective checkpointing: keeping matmul outputs gives bitwise-identic
   const auto plain = run(false, {});
   CHECK(run(true, save_policy::matmuls()) == plain);
   CHECK(run(true, save_policy::ops({"softmax", "gelu"})) == plain);
-  CHECK(run(true, [](std::string_view op) { return op == "linear"; }) == plain);
+  CHECK(run(true, [](const OpOutput& out) { return out.op == op::linear; }) == plain);
 }
 
 TEST_CASE("selective checkpointing: kept outputs are exactly what is saved on top of the boundary", "[checkpoint][selective]") {

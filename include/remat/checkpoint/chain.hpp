@@ -8,13 +8,16 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "remat/checkpoint/budget.hpp"
-#include "remat/checkpoint/checkpoint.hpp"
+#include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
+#include "remat/core/autograd.hpp"
+#include "remat/core/factory.hpp"
+#include "remat/core/memory.hpp"
 #include "remat/core/random.hpp"
-#include "remat/core/tape.hpp"
 
 namespace remat {
 
@@ -74,7 +77,7 @@ struct ChainRun {
   Tensor current;
   std::map<std::int64_t, std::unique_ptr<Snapshot>> kept;
   struct Recorded {
-    std::unique_ptr<Tape> tape;
+    std::unique_ptr<RecordedRun> run;
     Tensor input, output;
   };
   std::map<std::int64_t, Recorded> recorded;
@@ -83,15 +86,12 @@ struct ChainRun {
   ChainCounts counts;
   std::shared_ptr<ChainCounts> report;  // where the caller reads the counts
 
+  /// Step i on x: in forward its first execution notes the generator state; every later one is
+  /// a replay from that state.
   Tensor run_step(std::int64_t i, const Tensor& x, bool in_forward) {
-    const std::size_t k = static_cast<std::size_t>(i);
-    if (in_forward && rng.size() == k) rng.push_back(default_generator().state());
-    std::optional<GeneratorStateGuard> restore;
-    std::optional<ReplayGuard> replay;
-    if (!in_forward) {
-      restore.emplace(rng[k]);
-      replay.emplace();
-    }
+    const auto k = static_cast<std::size_t>(i);
+    if (!in_forward) return as_replay(rng[k], [&] { return steps[k](x); });
+    if (rng.size() == k) rng.push_back(default_generator().state());
     return steps[k](x);
   }
 
@@ -100,7 +100,7 @@ struct ChainRun {
     const std::int64_t i = act.step;
     switch (act.kind) {
       case K::advance: {
-        RecordingGuard off(false);
+        auto not_recording = scoped_recording(false);
         current = run_step(i, current, in_forward).detach();
         ++position;
         ++counts.advances;
@@ -118,13 +118,9 @@ struct ChainRun {
         kept.erase(i);
         break;
       case K::record: {
-        Recorded r{std::make_unique<Tape>(), current.detach(), Tensor()};
+        Recorded r{std::make_unique<RecordedRun>(), current.detach(), Tensor()};
         if (i > 0 || input_requires_grad) r.input.requires_grad_();
-        {
-          TapeGuard use(*r.tape);
-          RecordingGuard on(true);
-          r.output = run_step(i, r.input, in_forward);
-        }
+        r.output = r.run->record([&] { return run_step(i, r.input, in_forward); });
         current = r.output.detach();
         recorded[i] = std::move(r);
         ++position;
@@ -133,14 +129,7 @@ struct ChainRun {
       }
       case K::reverse: {
         Recorded& r = recorded.at(i);
-        if (r.output.requires_grad()) {
-          accumulate_grad(*r.output.meta(), copy_of(grad));
-          if (r.output.is_leaf()) {
-            // the step returned its input: the gradient passes straight through
-          } else {
-            r.tape->backward(r.tape->position());
-          }
-        }
+        r.run->backward({&r.output}, {grad});  // a step that returned its input passes grad straight through
         grad = r.input.grad().defined() ? r.input.grad() : zeros(r.input.shape());
         recorded.erase(i);
         break;

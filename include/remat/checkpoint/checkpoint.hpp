@@ -16,9 +16,12 @@
 #include <utility>
 #include <vector>
 
+#include "remat/checkpoint/error.hpp"
+#include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/selective.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/random.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/scoped.hpp"
 
 namespace remat {
 
@@ -67,39 +70,6 @@ inline std::uint64_t fingerprint(const Tensor& t) {
   return h;
 }
 
-class RecordingGuard {
- public:
-  explicit RecordingGuard(bool on) : previous_(autograd_state().recording) { autograd_state().recording = on; }
-  ~RecordingGuard() { autograd_state().recording = previous_; }
-  RecordingGuard(const RecordingGuard&) = delete;
-  RecordingGuard& operator=(const RecordingGuard&) = delete;
-
- private:
-  bool previous_;
-};
-
-class ReplayGuard {
- public:
-  ReplayGuard() { ++autograd_state().replay_depth; }
-  ~ReplayGuard() { --autograd_state().replay_depth; }
-  ReplayGuard(const ReplayGuard&) = delete;
-  ReplayGuard& operator=(const ReplayGuard&) = delete;
-};
-
-/// Sets the thread's default generator to `state` and puts the previous state back on exit.
-class GeneratorStateGuard {
- public:
-  explicit GeneratorStateGuard(Generator::State state) : previous_(default_generator().state()) {
-    default_generator().set_state(state);
-  }
-  ~GeneratorStateGuard() { default_generator().set_state(previous_); }
-  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
-  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
-
- private:
-  Generator::State previous_;
-};
-
 /// Everything a segment's backward needs besides its saved tensors.
 template <class Fn, class... Args>
 struct Segment {
@@ -142,15 +112,10 @@ void clear_tensor_arg(A& a) {
 /// RAII: every checkpoint created while it lives also checks its replay's values, not just shapes.
 class CheckpointChecking {
  public:
-  explicit CheckpointChecking(bool on = true) : previous_(detail::checkpoint_checking_flag()) {
-    detail::checkpoint_checking_flag() = on;
-  }
-  ~CheckpointChecking() { detail::checkpoint_checking_flag() = previous_; }
-  CheckpointChecking(const CheckpointChecking&) = delete;
-  CheckpointChecking& operator=(const CheckpointChecking&) = delete;
+  explicit CheckpointChecking(bool on = true) : guard_(detail::checkpoint_checking_flag(), on) {}
 
  private:
-  bool previous_;
+  ScopedValue<bool> guard_;
 };
 
 /// Runs fn(args...) as a checkpointed segment and returns what it returns (a Tensor or a tuple of
@@ -172,9 +137,9 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   std::vector<detail::SavedTensor> kept;
   const bool stash = recording && static_cast<bool>(segment->options.save);
   R result = [&] {
-    detail::RecordingGuard off(false);
-    detail::SelectiveScope scope({stash ? detail::SelectiveState::Mode::stash : detail::SelectiveState::Mode::off,
-                                  &segment->options.save, &kept, 0, &segment->options.name});
+    auto not_recording = detail::scoped_recording(false);
+    detail::SelectiveHook hook(stash ? detail::SelectiveHook::Mode::stash : detail::SelectiveHook::Mode::off,
+                               segment->options.save, kept, segment->options.name);
     return R(std::invoke(segment->fn, args...));
   }();
   if (!recording) return result;  // the enclosing segment saves the boundary; its replay runs us for real
@@ -210,21 +175,17 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     std::vector<detail::SavedTensor> kept_outputs;
     for (std::size_t j = 0; j < seg.kept; ++j) kept_outputs.emplace_back(ctx.saved(n_inputs + j));
 
-    Tape tape;  // the replayed activations live here and die with it
+    detail::RecordedRun run;  // the replayed activations live on its tape and die with it
     std::optional<R> replayed;
-    {
-      detail::GeneratorStateGuard rng(seg.rng);
-      TapeGuard use(tape);
-      detail::ReplayGuard replay;
-      detail::RecordingGuard on(true);
-      enable_grad grad_on;
-      detail::SelectiveScope scope({kept_outputs.empty() ? detail::SelectiveState::Mode::off
-                                                         : detail::SelectiveState::Mode::reuse,
-                                    &seg.options.save, &kept_outputs, 0, &seg.options.name});
-      auto call_args = seg.replay_args(leaves);
-      replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(seg.fn, a...)); }, call_args));
-    }
+    run.record([&] {
+      detail::as_replay(seg.rng, [&] {
+        detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, kept_outputs, seg.options.name);
+        auto call_args = seg.replay_args(leaves);
+        replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(seg.fn, a...)); }, call_args));
+      });
+    });
     std::vector<Tensor*> outs = detail::CheckpointOutputs<R>::list(*replayed);
+    std::vector<Tensor> grads;
     for (std::size_t i = 0; i < outs.size(); ++i) {
       if (outs[i]->shape() != seg.output_shapes[i])
         throw CheckpointError(fmt::format(
@@ -236,10 +197,9 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
             "checkpoint '{}': replay produced different values for output {} (shape {}) than the forward did; the "
             "segment depends on state that changed between forward and backward", seg.options.name, i,
             outs[i]->shape()));
+      grads.push_back(outs[i]->requires_grad() ? ctx.grad_output(i) : Tensor());
     }
-    for (std::size_t i = 0; i < outs.size(); ++i)
-      if (outs[i]->requires_grad()) detail::accumulate_grad(*outs[i]->meta(), detail::copy_of(ctx.grad_output(i)));
-    tape.backward(tape.position());
+    run.backward(outs, grads);
     for (std::size_t i = 0; i < n_inputs; ++i)
       if (ctx.needs_grad(i) && leaves[i].grad().defined()) ctx.accumulate(i, leaves[i].grad());
   });

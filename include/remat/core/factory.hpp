@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "remat/core/autograd.hpp"  // Tensor::backward, for every program that makes tensors
 #include "remat/core/random.hpp"
 #include "remat/core/tensor.hpp"
 

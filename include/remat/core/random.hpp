@@ -29,6 +29,12 @@ inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c
   return ctr;
 }
 
+/// Block `block` of the Philox stream keyed by `seed`.
+inline std::array<std::uint32_t, 4> philox_block(std::uint64_t seed, std::uint64_t block) {
+  return philox4x32_10({static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0u, 0u},
+                       {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+}
+
 }  // namespace detail
 
 class Generator {
@@ -49,29 +55,16 @@ class Generator {
 
   /// The next 128 random bits.
   std::array<std::uint32_t, 4> next_block() {
-    const std::uint64_t c = state_.offset++;
-    return detail::philox4x32_10(
-        {static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), 0u, 0u},
-        {static_cast<std::uint32_t>(state_.seed), static_cast<std::uint32_t>(state_.seed >> 32)});
+    return detail::philox_block(state_.seed, state_.offset++);
   }
 
-  /// n uniforms in [0, 1): floats take 24 bits each (4 per block), doubles 53 bits (2 per block).
+  /// The state itself, for a scoped restore (ScopedValue) around a replay.
+  State& state_slot() { return state_; }
+
+  /// n uniforms in [0, 1): floats follow the element rule of for_each_uniform24 (4 per block),
+  /// doubles take 53 bits each (2 per block).
   template <class T>
-  void uniform(T* out, std::size_t n) {
-    static_assert(std::is_floating_point_v<T>, "uniform: floating-point output only");
-    std::size_t i = 0;
-    while (i < n) {
-      const auto b = next_block();
-      if constexpr (std::is_same_v<T, float>) {
-        for (int k = 0; k < 4 && i < n; ++k, ++i) out[i] = static_cast<float>(b[k] >> 8) * 0x1.0p-24f;
-      } else {
-        for (int k = 0; k < 4 && i < n; k += 2, ++i) {
-          const std::uint64_t bits = (std::uint64_t{b[k]} << 32 | b[k + 1]) >> 11;
-          out[i] = static_cast<T>(bits) * static_cast<T>(0x1.0p-53);
-        }
-      }
-    }
-  }
+  void uniform(T* out, std::size_t n);
 
   /// n standard normals by Box-Muller on pairs of uniforms from (0, 1].
   template <class T>
@@ -94,6 +87,48 @@ class Generator {
  private:
   State state_;
 };
+
+namespace detail {
+
+/// The element rule every random float op follows: element i of a draw made at `state` is the
+/// 24-bit uniform in word i mod 4 of block state.offset + i/4. Calls f(i, u) for i in [first, last).
+/// Any sub-range can be generated on its own (in parallel, or a (batch, head) of an attention
+/// mask), and the same state rebuilds the same numbers: dropout, fused attention and
+/// Generator::uniform all call this, so they agree by construction.
+template <class F>
+void for_each_uniform24(Generator::State state, std::uint64_t first, std::uint64_t last, F f) {
+  for (std::uint64_t blk = first / 4; blk * 4 < last; ++blk) {
+    const auto bits = philox_block(state.seed, state.offset + blk);
+    for (std::uint64_t w = 0; w < 4; ++w) {
+      const std::uint64_t i = blk * 4 + w;
+      if (i < first || i >= last) continue;
+      f(i, static_cast<float>(bits[w] >> 8) * 0x1.0p-24f);
+    }
+  }
+}
+
+/// Blocks a draw of n float elements consumes.
+inline std::uint64_t uniform24_blocks(std::uint64_t n) { return (n + 3) / 4; }
+
+}  // namespace detail
+
+template <class T>
+void Generator::uniform(T* out, std::size_t n) {
+  static_assert(std::is_floating_point_v<T>, "uniform: floating-point output only");
+  if constexpr (std::is_same_v<T, float>) {
+    detail::for_each_uniform24(state_, 0, n, [out](std::uint64_t i, float u) { out[i] = u; });
+    state_.offset += detail::uniform24_blocks(n);
+  } else {
+    std::size_t i = 0;
+    while (i < n) {
+      const auto b = next_block();
+      for (int k = 0; k < 4 && i < n; k += 2, ++i) {
+        const std::uint64_t bits = (std::uint64_t{b[k]} << 32 | b[k + 1]) >> 11;
+        out[i] = static_cast<T>(bits) * static_cast<T>(0x1.0p-53);
+      }
+    }
+  }
+}
 
 /// The generator ops draw from when none is given: one per thread, seeded 0 until manual_seed.
 inline Generator& default_generator() {

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
 

@@ -31,6 +31,14 @@ constexpr const char* dtype_name() {
   else return "unknown";
 }
 
+/// A tensor with its element type erased: what the op-output hook and saved-tensor lists hold.
+struct TensorRef {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  const char* dtype = nullptr;
+  bool defined() const { return storage != nullptr; }
+};
+
 /// Autograd state of one tensor. Nodes hold it strongly for their inputs and weakly for their
 /// outputs, so the tape never keeps an activation's data alive unless it saved it.
 template <class T>
@@ -115,7 +123,7 @@ class BasicTensor {
   /// Same data, cut from the graph.
   BasicTensor detach() const { return BasicTensor(storage_, shape_); }
 
-  /// Backpropagates from this tensor. Without `gradient` the tensor must hold one element (a
+  /// Backpropagates from this tensor (defined in core/autograd.hpp). Without `gradient` the tensor must hold one element (a
   /// loss); the graph is freed as it is walked unless `retain_graph`.
   void backward(const BasicTensor& gradient = BasicTensor(), bool retain_graph = false) const;
   void backward(bool retain_graph) const { backward(BasicTensor(), retain_graph); }
@@ -125,6 +133,14 @@ class BasicTensor {
   const std::shared_ptr<detail::AutogradMeta<T>>& meta() const { return meta_; }
   void set_meta(std::shared_ptr<detail::AutogradMeta<T>> m) { meta_ = std::move(m); }
   bool same_storage(const BasicTensor& o) const { return storage_ == o.storage_; }
+  /// The same data as a type-erased reference (no autograd metadata).
+  detail::TensorRef ref() const { return {storage_, shape_, dtype()}; }
+  /// Back from a type-erased reference; `who` names the caller if the element type differs.
+  static BasicTensor from_ref(const detail::TensorRef& r, const char* who) {
+    REMAT_CHECK(r.dtype == nullptr || std::strcmp(r.dtype, dtype()) == 0,
+                "{}: a tensor of shape {} holds {} elements, but {} was expected", who, r.shape, r.dtype, dtype());
+    return BasicTensor(r.storage, r.shape);
+  }
 
  private:
   detail::Storage& checked_storage() const {
@@ -206,4 +222,3 @@ BasicTensor<T> copy_of(const BasicTensor<T>& t) {
 }  // namespace detail
 }  // namespace remat
 
-#include "remat/core/tape.hpp"  // defines BasicTensor::backward

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "remat/core/tensor.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/nn/module.hpp"
 
 namespace remat::io {

@@ -8,12 +8,10 @@
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <vector>
 
-#include "remat/checkpoint/chain.hpp"
-#include "remat/checkpoint/checkpoint.hpp"
 #include "remat/core/factory.hpp"
+#include "remat/nn/blocks.hpp"
 #include "remat/nn/embedding.hpp"
 #include "remat/nn/transformer_block.hpp"
 #include "remat/ops/cross_entropy.hpp"
@@ -32,7 +30,9 @@ struct GPTConfig {
   bool tie_weights = false;  ///< lm_head.weight is transformer.wte.weight
 };
 
-class GPT : public Module {
+/// Runs its blocks through BlockStack::run_blocks, so a caller chooses how (checkpointing each
+/// block, a chain schedule) with remat::apply_checkpointing; the model itself has no such switch.
+class GPT : public Module, public BlockStack {
  public:
   explicit GPT(const GPTConfig& cfg, Generator& gen = default_generator())
       : config(cfg), wte(cfg.vocab_size, cfg.n_embd, gen, 0.02f), wpe(cfg.block_size, cfg.n_embd, gen, 0.02f),
@@ -66,28 +66,12 @@ class GPT : public Module {
     if (cfg.tie_weights) lm_head.weight = wte.weight;
   }
 
-  /// Blocks applied to the embedded sequence, (B, T, C) -> (B, T, C): as a chain under
-  /// block_policy when one is set, else each block a checkpointed segment when checkpoint_blocks
-  /// is set (keeping block_save's op outputs, if any), else plainly.
-  Tensor run_blocks(const Tensor& x) {
-    if (block_policy) {
-      if (block_policy->needs_costs && block_costs.empty()) block_costs = measure_steps(module_steps(h), x);
-      return checkpoint_sequential(h, x, *block_policy, block_costs.empty() ? nullptr : &block_costs);
-    }
-    Tensor y = x;
-    for (std::size_t i = 0; i < h.size(); ++i) {
-      if (checkpoint_blocks)
-        y = checkpoint(CheckpointOptions{"block " + std::to_string(i), false, block_save}, *h[i], y);
-      else
-        y = (*h[i])(y);
-    }
-    return y;
+  /// The Transformer blocks, (B, T, C) -> (B, T, C) each.
+  std::vector<Block> blocks() override {
+    std::vector<Block> out;
+    for (const auto& b : h) out.push_back([block = b.get()](const Tensor& x) { return (*block)(x); });
+    return out;
   }
-
-  bool checkpoint_blocks = false;  ///< wrap every block in checkpoint()
-  SavePolicy block_save;           ///< selective checkpointing inside each block
-  std::optional<Policy> block_policy;  ///< run the blocks as a chain under this schedule instead
-  std::vector<StepCost> block_costs;   ///< per-block costs for policies that need them (measured once if empty)
 
   /// idx (B, T) token ids  ->  logits (B, T, vocab_size).
   Tensor forward(const LongTensor& idx) {

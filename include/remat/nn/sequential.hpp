@@ -3,12 +3,14 @@
 #include <string>
 #include <vector>
 
+#include "remat/nn/blocks.hpp"
 #include "remat/nn/module.hpp"
 
 namespace remat::nn {
 
-/// Runs its modules in order; children are named "0", "1", ... as in torch.nn.Sequential.
-class Sequential : public UnaryModule {
+/// Runs its modules in order; children are named "0", "1", ... as in torch.nn.Sequential. Its
+/// modules are its blocks: remat::apply_checkpointing(seq, ...) checkpoints them.
+class Sequential : public UnaryModule, public BlockStack {
  public:
   Sequential() = default;
 
@@ -26,10 +28,12 @@ class Sequential : public UnaryModule {
     modules_.push_back(std::move(m));
   }
 
-  Tensor forward(const Tensor& x) override {
-    Tensor h = x;
-    for (auto& m : modules_) h = m->forward(h);
-    return h;
+  Tensor forward(const Tensor& x) override { return run_blocks(x); }
+
+  std::vector<Block> blocks() override {
+    std::vector<Block> out;
+    for (auto& m : modules_) out.push_back([module = m.get()](const Tensor& x) { return module->forward(x); });
+    return out;
   }
 
   std::size_t size() const { return modules_.size(); }

@@ -1,11 +1,16 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId add_scalar = register_op("add_scalar");
+inline const OpId add = register_op("add");
+}  // namespace op
+
 
 /// z = a + b, numpy broadcasting.  da = sum_to(dz, a.shape), db = sum_to(dz, b.shape).
 /// Saves: nothing.
@@ -13,7 +18,7 @@ template <class T>
 BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   BasicTensor<T> z = detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; });
   if (detail::grad_needed(a, b))
-    detail::record<T>("add", {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::add, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T>& dz = ctx.grad_output();
       if (ctx.needs_grad(0)) ctx.accumulate(0, detail::sum_to(dz, sa));
       if (ctx.needs_grad(1)) ctx.accumulate(1, detail::sum_to(dz, sb));
@@ -26,7 +31,7 @@ template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> add(const BasicTensor<T>& x, S s) {
   const T c = static_cast<T>(s);
   return detail::unary_saving_nothing(
-      "add_scalar", x, [c](const auto& a) { return a + c; }, [](const auto& dy) { return dy; });
+      op::add_scalar, x, [c](const auto& a) { return a + c; }, [](const auto& dy) { return dy; });
 }
 
 template <class T>

@@ -9,31 +9,27 @@
 #include <limits>
 
 #include "remat/core/random.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId causal_attention = register_op("causal_attention");
+}  // namespace op
+
 namespace detail {
 
 /// The dropout multipliers of one (batch, head)'s (T, T) probabilities — keep/(1-p) or 0 — drawn
-/// exactly as dropout() on the flattened (B, H, T, T) tensor would draw them from `state`: element
-/// i uses the (i mod 4)-th word of Philox block state.offset + i/4.
+/// exactly as dropout() on the flattened (B, H, T, T) tensor would draw them from `state`: the
+/// elements [bh·T², (bh+1)·T²) of that draw, by the generator's element rule.
 template <class T>
 void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_t t, float p, T keep_scale,
                             Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& mask) {
-  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(state.seed), static_cast<std::uint32_t>(state.seed >> 32)};
-  const std::uint64_t first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
-  for (std::uint64_t blk = first / 4; blk * 4 < last; ++blk) {
-    const std::uint64_t c = state.offset + blk;
-    const auto bits = philox4x32_10({static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), 0u, 0u}, key);
-    for (std::uint64_t w = 0; w < 4; ++w) {
-      const std::uint64_t i = blk * 4 + w;
-      if (i < first || i >= last) continue;
-      const auto local = static_cast<std::int64_t>(i - first);
-      const float u = static_cast<float>(bits[w] >> 8) * 0x1.0p-24f;
-      mask(local / t, local % t) = u >= p ? keep_scale : T(0);
-    }
-  }
+  const auto first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
+  for_each_uniform24(state, first, last, [&](std::uint64_t i, float u) {
+    const auto local = static_cast<std::int64_t>(i - first);
+    mask(local / t, local % t) = u >= p ? keep_scale : T(0);
+  });
 }
 
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
@@ -76,7 +72,7 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   const float p = training ? static_cast<float>(dropout_p) : 0.0f;
   const T keep_scale = p > 0 ? static_cast<T>(1.0 / (1.0 - dropout_p)) : T(1);  // as dropout() computes it
   const Generator::State rng = gen.state();
-  if (p > 0) gen.set_state({rng.seed, rng.offset + static_cast<std::uint64_t>((B * H * t * t + 3) / 4)});
+  if (p > 0) gen.set_state({rng.seed, rng.offset + detail::uniform24_blocks(static_cast<std::uint64_t>(B * H * t * t))});
 
   BasicTensor<T> y(q.shape()), lse(Shape{B, H, t});
   const T* pq = q.data();
@@ -99,7 +95,7 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   });
 
   if (detail::grad_needed(q, k, v))
-    detail::record<T>("causal_attention", {q, k, v}, {&y}, {q, k, v, lse}, [=](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::causal_attention, {q, k, v}, {&y}, {q, k, v, lse}, [=](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2), ls = ctx.saved(3);
       const T* dy = ctx.grad_output().data();
       BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());

@@ -1,10 +1,14 @@
 #pragma once
 #include <vector>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/narrow.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId cat = register_op("cat");
+}  // namespace op
+
 
 /// y = the tensors joined along `dim`; all other dims must match.
 /// dx_i = dy[..., offset_i : offset_i + n_i, ...].  Saves: nothing.
@@ -34,7 +38,7 @@ BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
   if (needs_grad) {
     std::vector<Shape> shapes;
     for (const BasicTensor<T>& x : xs) shapes.push_back(x.shape());
-    detail::record<T>("cat", xs, {&y}, {}, [shapes, offsets, d](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::cat, xs, {&y}, {}, [shapes, offsets, d](detail::BackwardContext<T>& ctx) {
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         if (!ctx.needs_grad(i)) continue;
         BasicTensor<T> dx(shapes[i]);

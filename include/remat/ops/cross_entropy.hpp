@@ -2,9 +2,13 @@
 #include <cmath>
 #include <limits>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId cross_entropy = register_op("cross_entropy");
+}  // namespace op
+
 
 /// Mean negative log-likelihood of integer targets under softmax(logits), fused:
 ///   loss = -(1/m) Σ_{i: t_i ≠ ignore} log softmax(logits_i)[t_i],  m = number of rows not ignored.
@@ -44,7 +48,7 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
   BasicTensor<T> loss(Shape{});
   loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
   if (detail::grad_needed(logits))
-    detail::record<T>("cross_entropy", {logits}, {&loss}, {probs, targets},
+    detail::record<T>(op::cross_entropy, {logits}, {&loss}, {probs, targets},
                       [c, counted, ignore_index](detail::BackwardContext<T>& ctx) {
                         const BasicTensor<T> pv = ctx.saved(0);
                         const LongTensor tv = ctx.template saved<std::int64_t>(1);

@@ -1,11 +1,17 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId div_scalar = register_op("div_scalar");
+inline const OpId rdiv_scalar = register_op("rdiv_scalar");
+inline const OpId div = register_op("div");
+}  // namespace op
+
 
 /// z = a / b, numpy broadcasting.  da = sum_to(dz / b, a.shape),
 /// db = sum_to(-dz * z / b, b.shape)  (since dz/db = -a/b² = -z/b).
@@ -17,7 +23,7 @@ BasicTensor<T> div(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     const bool db = b.requires_grad();
     std::vector<detail::SavedTensor> saved{b};
     if (db) saved.emplace_back(z);
-    detail::record<T>("div", {a, b}, {&z}, std::move(saved),
+    detail::record<T>(op::div, {a, b}, {&z}, std::move(saved),
                       [db, sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
                         const BasicTensor<T>& dz = ctx.grad_output();
                         const BasicTensor<T> bv = ctx.saved(0);
@@ -43,7 +49,7 @@ template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> div(const BasicTensor<T>& x, S s) {
   const T c = static_cast<T>(s);
   return detail::unary_saving_nothing(
-      "div_scalar", x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; });
+      op::div_scalar, x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; });
 }
 
 /// y = s / x.  dx = -dy * s / x².  Saves: x.
@@ -51,7 +57,7 @@ template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> rdiv(const BasicTensor<T>& x, S s) {
   const T c = static_cast<T>(s);
   return detail::unary_saving_input(
-      "rdiv_scalar", x, [c](const auto& a) { return c / a; },
+      op::rdiv_scalar, x, [c](const auto& a) { return c / a; },
       [c](const auto& dy, const auto& v) { return -dy * c / (v * v); });
 }
 

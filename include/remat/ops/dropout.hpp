@@ -1,28 +1,27 @@
 #pragma once
+#include <algorithm>
+
 #include "remat/core/random.hpp"
 #include "remat/core/threads.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId dropout = register_op("dropout");
+}  // namespace op
+
 namespace detail {
 
-/// out_i = in_i * scale where the i-th uniform of the stream at `state` is ≥ p, else 0. Element i
-/// uses block state.offset + i/4 of the counter-based stream, so blocks are independent: the mask
-/// is computed in parallel and is the same on any thread count, and the same state rebuilds it.
+/// out_i = in_i * scale where the i-th uniform of the draw at `state` is ≥ p, else 0, following
+/// the generator's element rule (detail::for_each_uniform24): pieces of the mask are independent,
+/// so it is computed in parallel, is the same on any thread count, and the same state rebuilds it.
 template <class T>
 void apply_dropout_mask(const T* in, T* out, std::int64_t n, float p, T scale, Generator::State state) {
-  const std::int64_t blocks = (n + 3) / 4;
-  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(state.seed), static_cast<std::uint32_t>(state.seed >> 32)};
-  REMAT_PRAGMA_OMP(omp parallel for schedule(static) if (blocks > 8192))
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    const std::uint64_t c = state.offset + static_cast<std::uint64_t>(b);
-    const auto bits = philox4x32_10({static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), 0u, 0u}, key);
-    for (std::int64_t k = 0; k < 4 && 4 * b + k < n; ++k) {
-      const std::int64_t i = 4 * b + k;
-      const float u = static_cast<float>(bits[static_cast<std::size_t>(k)] >> 8) * 0x1.0p-24f;
-      out[i] = u >= p ? in[i] * scale : T(0);
-    }
-  }
+  const auto blocks = static_cast<std::int64_t>(uniform24_blocks(static_cast<std::uint64_t>(n)));
+  parallel_for(blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
+    for_each_uniform24(state, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
+                       [&](std::uint64_t i, float u) { out[i] = u >= p ? in[i] * scale : T(0); });
+  });
 }
 
 }  // namespace detail
@@ -41,9 +40,9 @@ BasicTensor<T> dropout(const BasicTensor<T>& x, double p, bool training = true, 
   const std::int64_t n = x.numel();
   BasicTensor<T> y(x.shape());
   detail::apply_dropout_mask(x.data(), y.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
-  gen.set_state({gen.seed(), gen.state().offset + static_cast<std::uint64_t>((n + 3) / 4)});
+  gen.set_state({gen.seed(), gen.state().offset + detail::uniform24_blocks(static_cast<std::uint64_t>(n))});
   if (detail::grad_needed(x))
-    detail::record<T>("dropout", {x}, {&y}, {}, [at_entry, pf, p, scale, n](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::dropout, {x}, {&y}, {}, [at_entry, pf, p, scale, n](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(ctx.grad_output().shape());
       detail::apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
       ctx.accumulate(0, std::move(dx));

@@ -1,9 +1,13 @@
 #pragma once
 #include <cstring>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId embedding = register_op("embedding");
+}  // namespace op
+
 
 /// y[..., :] = weight[indices[...], :]: rows of a (V, C) table picked by integer ids, giving
 /// shape indices.shape + (C,).  dweight[v] = Σ over positions holding v of dy.  Saves: indices.
@@ -26,7 +30,7 @@ BasicTensor<T> embedding(const LongTensor& indices, const BasicTensor<T>& weight
   for (std::int64_t i = 0; i < indices.numel(); ++i)
     std::memcpy(py + i * c, pw + ids[i] * c, static_cast<std::size_t>(c) * sizeof(T));
   if (detail::grad_needed(weight))
-    detail::record<T>("embedding", {weight}, {&y}, {indices}, [wshape = weight.shape()](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::embedding, {weight}, {&y}, {indices}, [wshape = weight.shape()](detail::BackwardContext<T>& ctx) {
       const LongTensor idx = ctx.template saved<std::int64_t>(0);
       const std::int64_t c = wshape[1];
       BasicTensor<T> dw(wshape);

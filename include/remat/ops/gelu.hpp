@@ -7,6 +7,11 @@
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId gelu_tanh = register_op("gelu_tanh");
+inline const OpId gelu = register_op("gelu");
+}  // namespace op
+
 
 /// How gelu computes Φ(x): exactly with erf, or with GPT-2's tanh approximation.
 enum class GeluApproximation { none, tanh };
@@ -23,7 +28,7 @@ BasicTensor<T> gelu(const BasicTensor<T>& x, GeluApproximation approximate = Gel
   constexpr T kCubic = T(0.044715);
   if (approximate == GeluApproximation::tanh)
     return detail::unary_saving_input(
-        "gelu_tanh", x,
+        op::gelu_tanh, x,
         [=](const auto& a) { return T(0.5) * a * (T(1) + (kSqrt2OverPi * (a + kCubic * a.cube())).tanh()); },
         [=](const auto& dy, const auto& a) {
           const auto t = (kSqrt2OverPi * (a + kCubic * a.cube())).tanh();
@@ -31,7 +36,7 @@ BasicTensor<T> gelu(const BasicTensor<T>& x, GeluApproximation approximate = Gel
                        T(0.5) * a * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * a.square()));
         });
   return detail::unary_saving_input(
-      "gelu", x, [=](const auto& a) { return a * T(0.5) * (T(1) + (a * kInvSqrt2).erf()); },
+      op::gelu, x, [=](const auto& a) { return a * T(0.5) * (T(1) + (a * kInvSqrt2).erf()); },
       [=](const auto& dy, const auto& a) {
         return dy * (T(0.5) * (T(1) + (a * kInvSqrt2).erf()) + a * kInvSqrt2Pi * (T(-0.5) * a.square()).exp());
       });

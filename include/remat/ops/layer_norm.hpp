@@ -1,10 +1,14 @@
 #pragma once
 #include <cmath>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId layer_norm = register_op("layer_norm");
+}  // namespace op
+
 
 /// Over the last dim of size C, per row:  μ = mean(x), r = 1/√(var(x) + eps) (biased variance),
 /// x̂ = (x - μ) r,  y = x̂ ⊙ w + b  (w, b of shape (C,), either may be undefined).
@@ -44,7 +48,7 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
     std::vector<detail::SavedTensor> saved{x, mean, rstd};
     if (weight.defined()) saved.emplace_back(weight);
     detail::record<T>(
-        "layer_norm", {x, weight, bias}, {&y}, std::move(saved),
+        op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
         [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
           const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
           auto mu = detail::flat(mv);

@@ -1,10 +1,13 @@
 #pragma once
 // y = x Wᵀ + b, fused: one GEMM against W as stored (out, in), as torch.nn.functional.linear.
 
-#include "remat/checkpoint/selective.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId linear = register_op("linear");
+}  // namespace op
+
 
 /// x (..., in), weight (out, in), bias (out,) or undefined  ->  y (..., out).
 /// dx = dy W,  dW = Σ_rows dyᵀ x,  db = Σ_rows dy.
@@ -20,7 +23,7 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
               bias.shape(), out);
   std::vector<std::int64_t> s = x.shape().vec();
   s.back() = out;
-  BasicTensor<T> y = detail::compute_or_reuse<T>("linear", Shape(s), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), [&] {
     BasicTensor<T> result{Shape(s)};
     auto ym = detail::matrix(result, out);
     ym.noalias() = detail::matrix(x, in) * detail::matrix(weight, in).transpose();
@@ -32,7 +35,7 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
     std::vector<detail::SavedTensor> saved;
     if (dx) saved.emplace_back(weight);
     if (dw) saved.emplace_back(x);
-    detail::record<T>("linear", {x, weight, bias}, {&y}, std::move(saved),
+    detail::record<T>(op::linear, {x, weight, bias}, {&y}, std::move(saved),
                       [dx, dw, in, out, xs = x.shape()](detail::BackwardContext<T>& ctx) {
                         auto dy = detail::matrix(ctx.grad_output(), out);
                         if (dx) {

@@ -1,10 +1,14 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId masked_fill = register_op("masked_fill");
+}  // namespace op
+
 namespace detail {
 
 /// out = where(mask, fill, x), mask broadcast to x's shape.
@@ -38,7 +42,7 @@ BasicTensor<T> masked_fill(const BasicTensor<T>& x, const BoolTensor& mask, S va
               "masked_fill: mask of shape {} must broadcast to the input's shape {}", mask.shape(), x.shape());
   BasicTensor<T> y = detail::masked_select_fill(x, mask, static_cast<T>(value));
   if (detail::grad_needed(x))
-    detail::record<T>("masked_fill", {x}, {&y}, {mask}, [](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::masked_fill, {x}, {&y}, {mask}, [](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::masked_select_fill(ctx.grad_output(), ctx.template saved<bool>(0), T(0)));
     });
   return y;

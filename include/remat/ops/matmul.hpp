@@ -3,11 +3,14 @@
 
 #include <array>
 
-#include "remat/checkpoint/selective.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId matmul = register_op("matmul");
+}  // namespace op
+
 namespace detail {
 
 /// Batch dims of a (..., M, K) @ (..., K, N) product: the broadcast of both batch shapes, and for
@@ -62,7 +65,7 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     s.push_back(N);
     out_shape = Shape(s);
   }
-  BasicTensor<T> c = detail::compute_or_reuse<T>("matmul", out_shape, [&] {
+  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, [&] {
     BasicTensor<T> out(out_shape);
     if (fold) {
       detail::matrix(out, N).noalias() = detail::matrix(a, K) * ConstMatrixMap<T>(b.data(), K, N);
@@ -82,7 +85,7 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     if (da) saved.emplace_back(b);
     if (db) saved.emplace_back(a);
     detail::record<T>(
-        "matmul", {a, b}, {&c}, std::move(saved),
+        op::matmul, {a, b}, {&c}, std::move(saved),
         [da, db, fold, batches, sa = a.shape(), sb = b.shape(), M, K, N](detail::BackwardContext<T>& ctx) {
           const BasicTensor<T>& dc = ctx.grad_output();
           const BasicTensor<T> bv = da ? ctx.saved(0) : BasicTensor<T>();

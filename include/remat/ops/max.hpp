@@ -1,8 +1,12 @@
 #pragma once
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId max_dim = register_op("max_dim");
+}  // namespace op
+
 
 template <class T>
 struct MaxResult {
@@ -34,7 +38,7 @@ MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false
       pi[o * inner + i] = best;
     }
   if (detail::grad_needed(x))
-    detail::record<T>("max_dim", {x}, {&values}, {indices}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::max_dim, {x}, {&values}, {indices}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
       const std::int64_t outer = shape.outer(d), n = shape[d], inner = shape.inner(d);
       const LongTensor idx = ctx.template saved<std::int64_t>(0);
       const T* pd = ctx.grad_output().data();

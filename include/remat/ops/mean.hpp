@@ -1,8 +1,13 @@
 #pragma once
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId mean = register_op("mean");
+inline const OpId mean_dim = register_op("mean_dim");
+}  // namespace op
+
 
 /// y = (1/n) Σ x over all n elements, a scalar.  dx = dy / n everywhere.  Saves: nothing.
 template <class T>
@@ -11,7 +16,7 @@ BasicTensor<T> mean(const BasicTensor<T>& x) {
   BasicTensor<T> y(Shape{});
   y.data()[0] = detail::flat(x).mean();
   if (detail::grad_needed(x))
-    detail::record<T>("mean", {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::mean, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(shape);
       detail::flat(dx).setConstant(ctx.grad_output().data()[0] / static_cast<T>(shape.numel()));
       ctx.accumulate(0, std::move(dx));
@@ -29,7 +34,7 @@ BasicTensor<T> mean(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fa
   const T scale = T(1) / static_cast<T>(n);
   BasicTensor<T> y = detail::sum_over_dim(x, d, keepdim, scale);
   if (detail::grad_needed(x))
-    detail::record<T>("mean_dim", {x}, {&y}, {}, [shape = x.shape(), d, scale](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::mean_dim, {x}, {&y}, {}, [shape = x.shape(), d, scale](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, scale));
     });
   return y;

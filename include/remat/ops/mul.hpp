@@ -1,11 +1,16 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId mul_scalar = register_op("mul_scalar");
+inline const OpId mul = register_op("mul");
+}  // namespace op
+
 
 /// z = a * b, numpy broadcasting.  da = sum_to(dz * b, a.shape), db = sum_to(dz * a, b.shape).
 /// Saves: b if a needs a gradient, a if b does.
@@ -18,7 +23,7 @@ BasicTensor<T> mul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     std::vector<detail::SavedTensor> saved;
     if (da) saved.emplace_back(b);
     if (db) saved.emplace_back(a);
-    detail::record<T>("mul", {a, b}, {&z}, std::move(saved),
+    detail::record<T>(op::mul, {a, b}, {&z}, std::move(saved),
                       [da, db, sa = a.shape(), sb = b.shape(), times](detail::BackwardContext<T>& ctx) {
                         const BasicTensor<T>& dz = ctx.grad_output();
                         if (da) {
@@ -39,7 +44,7 @@ template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> mul(const BasicTensor<T>& x, S s) {
   const T c = static_cast<T>(s);
   return detail::unary_saving_nothing(
-      "mul_scalar", x, [c](const auto& a) { return a * c; }, [c](const auto& dy) { return dy * c; });
+      op::mul_scalar, x, [c](const auto& a) { return a * c; }, [c](const auto& dy) { return dy * c; });
 }
 
 template <class T>

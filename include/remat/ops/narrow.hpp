@@ -1,9 +1,13 @@
 #pragma once
 #include <cstring>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId narrow = register_op("narrow");
+}  // namespace op
+
 namespace detail {
 
 /// Copies a block of `length` positions along `dim` between tensors laid out as (outer, n, inner):
@@ -36,7 +40,7 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
   BasicTensor<T> y(x.shape().with(d, length));
   detail::copy_along(x, start, y, 0, d, length);
   if (detail::grad_needed(x))
-    detail::record<T>("narrow", {x}, {&y}, {}, [shape = x.shape(), d, start, length](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::narrow, {x}, {&y}, {}, [shape = x.shape(), d, start, length](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(shape);
       detail::flat(dx).setZero();
       detail::copy_along(ctx.grad_output(), 0, dx, start, d, length);

@@ -2,12 +2,16 @@
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId neg = register_op("neg");
+}  // namespace op
+
 
 /// y = -x.  dx = -dy.  Saves: nothing.
 template <class T>
 BasicTensor<T> neg(const BasicTensor<T>& x) {
   return detail::unary_saving_nothing(
-      "neg", x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; });
+      op::neg, x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; });
 }
 
 template <class T>

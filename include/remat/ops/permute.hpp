@@ -2,10 +2,14 @@
 #include <array>
 #include <vector>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId permute = register_op("permute");
+}  // namespace op
+
 namespace detail {
 
 /// A contiguous copy of x with its dims reordered: out dim i is x dim perm[i].
@@ -54,7 +58,7 @@ BasicTensor<T> permute(const BasicTensor<T>& x, const std::vector<std::int64_t>&
   }
   BasicTensor<T> y = detail::permuted_copy(x, perm);
   if (detail::grad_needed(x))
-    detail::record<T>("permute", {x}, {&y}, {}, [inverse](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::permute, {x}, {&y}, {}, [inverse](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::permuted_copy(ctx.grad_output(), inverse));
     });
   return y;

@@ -1,9 +1,13 @@
 #pragma once
 #include <vector>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId reshape = register_op("reshape");
+}  // namespace op
+
 
 /// y = x with a new shape and the same data (a view: storage is shared). One size may be -1 and
 /// is inferred.  dx = dy reshaped back.  Saves: nothing.
@@ -31,7 +35,7 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
               shape, shape.numel(), x.shape(), x.numel());
   BasicTensor<T> y(x.storage(), shape);
   if (detail::grad_needed(x))
-    detail::record<T>("reshape", {x}, {&y}, {}, [in = x.shape()](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::reshape, {x}, {&y}, {}, [in = x.shape()](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));
     });
   return y;

@@ -1,9 +1,13 @@
 #pragma once
-#include "remat/checkpoint/selective.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId softmax = register_op("softmax");
+inline const OpId log_softmax = register_op("log_softmax");
+}  // namespace op
+
 namespace detail {
 
 inline void check_last_dim(const Shape& s, std::int64_t dim, const char* op) {
@@ -20,7 +24,7 @@ template <class T>
 BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   detail::check_last_dim(x.shape(), dim, "softmax");
   const std::int64_t c = x.size(-1);
-  BasicTensor<T> y = detail::compute_or_reuse<T>("softmax", x.shape(), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), [&] {
     BasicTensor<T> result(x.shape());
     const T* px = x.data();
     T* py = result.data();
@@ -34,7 +38,7 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
     return result;
   });
   if (detail::grad_needed(x))
-    detail::record<T>("softmax", {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> yv = ctx.saved(0);
       const T* py = yv.data();
       const T* pd = ctx.grad_output().data();
@@ -62,7 +66,7 @@ BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   out = in.colwise() - in.rowwise().maxCoeff();
   out.colwise() -= out.exp().rowwise().sum().log();
   if (detail::grad_needed(x))
-    detail::record<T>("log_softmax", {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::log_softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> yv = ctx.saved(0);
       auto dy = detail::rows(ctx.grad_output(), c);
       BasicTensor<T> dx(yv.shape());

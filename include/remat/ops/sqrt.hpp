@@ -2,12 +2,16 @@
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId sqrt = register_op("sqrt");
+}  // namespace op
+
 
 /// y = sqrt(x).  dx = dy / (2 y).  Saves: y.
 template <class T>
 BasicTensor<T> sqrt(const BasicTensor<T>& x) {
   return detail::unary_saving_output(
-      "sqrt", x, [](const auto& a) { return a.sqrt(); },
+      op::sqrt, x, [](const auto& a) { return a.sqrt(); },
       [](const auto& dy, const auto& y) { return dy / (T(2) * y); });
 }
 

@@ -1,11 +1,17 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId sub_scalar = register_op("sub_scalar");
+inline const OpId rsub_scalar = register_op("rsub_scalar");
+inline const OpId sub = register_op("sub");
+}  // namespace op
+
 
 /// z = a - b, numpy broadcasting.  da = sum_to(dz, a.shape), db = -sum_to(dz, b.shape).
 /// Saves: nothing.
@@ -13,7 +19,7 @@ template <class T>
 BasicTensor<T> sub(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   BasicTensor<T> z = detail::broadcast_apply(a, b, "sub", [](const auto& x, const auto& y) { return x - y; });
   if (detail::grad_needed(a, b))
-    detail::record<T>("sub", {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::sub, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T>& dz = ctx.grad_output();
       if (ctx.needs_grad(0)) ctx.accumulate(0, detail::sum_to(dz, sa));
       if (ctx.needs_grad(1)) {
@@ -30,7 +36,7 @@ template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> sub(const BasicTensor<T>& x, S s) {
   const T c = static_cast<T>(s);
   return detail::unary_saving_nothing(
-      "sub_scalar", x, [c](const auto& a) { return a - c; }, [](const auto& dy) { return dy; });
+      op::sub_scalar, x, [c](const auto& a) { return a - c; }, [](const auto& dy) { return dy; });
 }
 
 /// y = s - x.  dx = -dy.  Saves: nothing.
@@ -38,7 +44,7 @@ template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> rsub(const BasicTensor<T>& x, S s) {
   const T c = static_cast<T>(s);
   return detail::unary_saving_nothing(
-      "rsub_scalar", x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; });
+      op::rsub_scalar, x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; });
 }
 
 template <class T>

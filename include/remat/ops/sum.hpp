@@ -1,8 +1,13 @@
 #pragma once
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId sum = register_op("sum");
+inline const OpId sum_dim = register_op("sum_dim");
+}  // namespace op
+
 
 /// y = Σ x over all elements, a scalar (rank 0).  dx = dy everywhere.  Saves: nothing.
 template <class T>
@@ -10,7 +15,7 @@ BasicTensor<T> sum(const BasicTensor<T>& x) {
   BasicTensor<T> y(Shape{});
   y.data()[0] = detail::flat(x).sum();
   if (detail::grad_needed(x))
-    detail::record<T>("sum", {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::sum, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(shape);
       detail::flat(dx).setConstant(ctx.grad_output().data()[0]);
       ctx.accumulate(0, std::move(dx));
@@ -25,7 +30,7 @@ BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fal
   const int d = x.shape().dim(dim, "sum");
   BasicTensor<T> y = detail::sum_over_dim(x, d, keepdim, T(1));
   if (detail::grad_needed(x))
-    detail::record<T>("sum_dim", {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::sum_dim, {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));
     });
   return y;

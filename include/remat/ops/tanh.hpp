@@ -2,12 +2,16 @@
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
+namespace op {
+inline const OpId tanh = register_op("tanh");
+}  // namespace op
+
 
 /// y = tanh(x).  dx = dy * (1 - y²).  Saves: y.
 template <class T>
 BasicTensor<T> tanh(const BasicTensor<T>& x) {
   return detail::unary_saving_output(
-      "tanh", x, [](const auto& a) { return a.tanh(); },
+      op::tanh, x, [](const auto& a) { return a.tanh(); },
       [](const auto& dy, const auto& y) { return dy * (T(1) - y * y); });
 }
 

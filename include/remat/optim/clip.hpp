@@ -2,7 +2,7 @@
 #include <cmath>
 #include <vector>
 
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat::optim {

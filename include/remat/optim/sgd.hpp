@@ -2,7 +2,7 @@
 #include <unordered_map>
 
 #include "remat/core/factory.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/optim/optimizer.hpp"
 
 namespace remat::optim {

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "remat/core/factory.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat::testing {

@@ -2,8 +2,7 @@
 // The shared shape of element-wise unary ops: forward on Eigen arrays, one node whose backward is
 // an element-wise formula of the output gradient and either the saved output or the saved input.
 
-#include "remat/checkpoint/selective.hpp"
-#include "remat/core/tape.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
 
@@ -23,8 +22,8 @@ enum class UnarySaves { nothing, input, output };
 
 /// y = forward(x); dx = backward(dy) or backward(dy, saved), with saved = x or y as `Saves` says.
 template <UnarySaves Saves, class T, class Forward, class Backward>
-BasicTensor<T> unary_op(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
-  BasicTensor<T> y = compute_or_reuse<T>(op, x.shape(), [&] {
+BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+  BasicTensor<T> y = produce<T>(op, x.shape(), [&] {
     BasicTensor<T> out(x.shape());
     map_elements(out, forward, x);
     return out;
@@ -46,19 +45,19 @@ BasicTensor<T> unary_op(const char* op, const BasicTensor<T>& x, Forward forward
 
 /// y = forward(x); dx = backward(dy, y). Saves: y (for ops whose derivative is a function of y).
 template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_output(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+BasicTensor<T> unary_saving_output(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
   return unary_op<UnarySaves::output>(op, x, forward, backward);
 }
 
 /// y = forward(x); dx = backward(dy, x). Saves: x.
 template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_input(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+BasicTensor<T> unary_saving_input(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
   return unary_op<UnarySaves::input>(op, x, forward, backward);
 }
 
 /// y = forward(x); dx = backward(dy). Saves nothing (linear ops: negation, scalar add and scale).
 template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_nothing(const char* op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+BasicTensor<T> unary_saving_nothing(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
   return unary_op<UnarySaves::nothing>(op, x, forward, backward);
 }
 

@@ -1,0 +1,14 @@
+#pragma once
+// CheckpointError: a checkpointed segment or chain replayed differently from its forward, or was
+// misused. A remat::Error, so code that catches those catches it too.
+
+#include "remat/core/error.hpp"
+
+namespace remat {
+
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace remat

@@ -1,0 +1,61 @@
+#pragma once
+// The replay protocol, written once for checkpoint() and for the chain executor:
+//
+//   1. as_replay(rng, fn): the thread's generator is set to the state the forward saw, and put
+//      back afterwards (so the backward does not disturb the caller's random stream); while fn
+//      runs, is_replaying() is true, so user code can skip side effects.
+//   2. RecordedRun::record(fn): fn runs with recording and grad mode on, its ops going onto a tape
+//      of the run's own, nested inside whatever is current (a checkpointed forward records
+//      nothing, but its replay must).
+//   3. RecordedRun::backward(outputs, grads): each output's gradient is seeded, the run's tape is
+//      walked backward, delivering gradients to the run's input leaves and to every parameter
+//      the segment read, and the tape's activations are freed as it goes.
+//
+// Because random ops draw from the restored generator state and every CPU kernel is
+// deterministic, a replay recomputes the forward's values bit for bit.
+
+#include <utility>
+#include <vector>
+
+#include "remat/core/autograd.hpp"
+#include "remat/core/random.hpp"
+#include "remat/core/scoped.hpp"
+
+namespace remat::detail {
+
+/// Runs fn() as the replay of a computation that first ran with the generator at `rng`.
+template <class F>
+decltype(auto) as_replay(Generator::State rng, F&& fn) {
+  ScopedValue<Generator::State> generator(default_generator().state_slot(), rng);
+  auto replaying = scoped_replay();
+  return std::forward<F>(fn)();
+}
+
+/// A computation recorded on a tape of its own, to be walked backward once.
+class RecordedRun {
+ public:
+  /// Runs fn() recording onto this run's tape, whatever the enclosing grad and recording modes.
+  template <class F>
+  decltype(auto) record(F&& fn) {
+    TapeGuard use(tape_);
+    auto recording = scoped_recording(true);
+    enable_grad grad_on;
+    return std::forward<F>(fn)();
+  }
+
+  /// Seeds grads[i] into outputs[i] (for outputs that require grad) and backpropagates the whole
+  /// tape, freeing its activations.
+  void backward(const std::vector<Tensor*>& outputs, const std::vector<Tensor>& grads) {
+    REMAT_ASSERT(outputs.size() == grads.size());
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      if (outputs[i]->requires_grad() && grads[i].defined()) accumulate_grad(*outputs[i]->meta(), copy_of(grads[i]));
+    tape_.backward(tape_.position());
+  }
+
+  const Tape& tape() const { return tape_; }
+
+ private:
+  Tape tape_;
+};
+
+}  // namespace remat::detail

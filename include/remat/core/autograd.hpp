@@ -1,0 +1,154 @@
+#pragma once
+// The thread's autograd state and the entry points over it: grad mode (no_grad, enable_grad), the
+// stack of current tapes (TapeGuard), the replay flag, record() that ops call to put a node on the
+// current tape, and Tensor::backward(). Tapes, generators and hooks are per thread: two threads
+// training independent models never see each other's state.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "remat/core/error.hpp"
+#include "remat/core/node.hpp"
+#include "remat/core/op_output.hpp"
+#include "remat/core/scoped.hpp"
+#include "remat/core/tape.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat {
+namespace detail {
+
+struct AutogradState {
+  bool grad_enabled = true;
+  bool recording = true;  ///< false inside a checkpointed forward: requires_grad flows, no nodes
+  int replay_depth = 0;   ///< > 0 while a checkpoint replays a segment's forward
+  std::uint64_t next_node_id = 1;
+  Tape root;
+  std::vector<Tape*> tapes{&root};
+};
+
+inline AutogradState& autograd_state() {
+  thread_local AutogradState state;
+  return state;
+}
+
+/// Whether an op with these inputs must produce a tensor that requires grad.
+template <class T, class... Rest>
+bool grad_needed(const BasicTensor<T>& x, const Rest&... rest) {
+  if (!autograd_state().grad_enabled) return false;
+  return x.requires_grad() || (rest.requires_grad() || ...);
+}
+
+/// Makes `outputs` require grad and, unless recording is suspended, puts one node on the current
+/// tape. Call it only when grad_needed(inputs...) holds.
+template <class T>
+void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
+            const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn) {
+  AutogradState& state = autograd_state();
+  for (BasicTensor<T>* y : outputs) {
+    auto meta = std::make_shared<AutogradMeta<T>>();
+    meta->requires_grad = true;
+    y->set_meta(std::move(meta));
+  }
+  if (!state.recording) return;
+  const std::uint64_t id = state.next_node_id++;
+  for (BasicTensor<T>* y : outputs) y->meta()->node_id = id;
+  state.tapes.back()->push(
+      std::make_unique<TypedNode<T>>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
+}
+
+template <class T>
+void record(OpId op, const std::vector<BasicTensor<T>>& inputs, const std::vector<BasicTensor<T>*>& outputs,
+            std::vector<SavedTensor> saved, BackwardFn<T> fn) {
+  record<T>(std::string(op.name()), inputs, outputs, std::move(saved), std::move(fn));
+}
+
+/// The tape holding node `id` among the thread's live tapes, innermost first.
+inline std::pair<Tape*, std::ptrdiff_t> locate_node(std::uint64_t id) {
+  auto& tapes = autograd_state().tapes;
+  for (auto it = tapes.rbegin(); it != tapes.rend(); ++it)
+    if (std::ptrdiff_t i = (*it)->find(id); i >= 0) return {*it, i};
+  return {nullptr, -1};
+}
+
+}  // namespace detail
+
+/// The tape ops record into now.
+inline Tape& current_tape() { return *detail::autograd_state().tapes.back(); }
+
+/// Makes `tape` the current tape for the guard's lifetime (nested tapes are how replay works).
+class TapeGuard {
+ public:
+  explicit TapeGuard(Tape& tape) { detail::autograd_state().tapes.push_back(&tape); }
+  ~TapeGuard() { detail::autograd_state().tapes.pop_back(); }
+  TapeGuard(const TapeGuard&) = delete;
+  TapeGuard& operator=(const TapeGuard&) = delete;
+};
+
+inline bool is_grad_enabled() { return detail::autograd_state().grad_enabled; }
+
+/// True while a checkpoint replays a segment's forward during backward. Code with side effects
+/// (counters, logging, running statistics, caches) checks it so that replay does not repeat them.
+inline bool is_replaying() { return detail::autograd_state().replay_depth > 0; }
+
+/// RAII: no op records a node or produces a tensor that requires grad while it lives.
+class no_grad {
+ public:
+  no_grad() : guard_(detail::autograd_state().grad_enabled, false) {}
+
+ private:
+  ScopedValue<bool> guard_;
+};
+
+/// RAII: turns gradient recording back on inside a no_grad region.
+class enable_grad {
+ public:
+  enable_grad() : guard_(detail::autograd_state().grad_enabled, true) {}
+
+ private:
+  ScopedValue<bool> guard_;
+};
+
+namespace detail {
+
+/// RAII: ops record nodes (on) or only propagate requires_grad (off) while it lives.
+inline ScopedValue<bool> scoped_recording(bool on) { return {autograd_state().recording, on}; }
+/// RAII: is_replaying() is true while it lives.
+inline ScopedValue<int> scoped_replay() { return {autograd_state().replay_depth, autograd_state().replay_depth + 1}; }
+
+}  // namespace detail
+
+template <class T>
+void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) const {
+  REMAT_CHECK(defined(), "backward: the tensor is undefined");
+  REMAT_CHECK(requires_grad(), "backward: tensor of shape {} does not require grad and has no grad_fn",
+              shape_);
+  BasicTensor seed;
+  if (gradient.defined()) {
+    REMAT_CHECK(gradient.shape() == shape_,
+                "backward: gradient of shape {} does not match the tensor's shape {}", gradient.shape(),
+                shape_);
+    seed = detail::copy_of(gradient);
+  } else {
+    REMAT_CHECK(numel() == 1,
+                "backward: a gradient can be created implicitly only for a one-element output (a "
+                "loss); this tensor has shape {} — pass a gradient of that shape", shape_);
+    seed = BasicTensor(shape_);
+    detail::flat(seed).setOnes();
+  }
+  if (meta_->is_leaf()) {
+    detail::accumulate_grad(*meta_, std::move(seed));
+    return;
+  }
+  auto [tape, index] = detail::locate_node(meta_->node_id);
+  REMAT_CHECK(tape != nullptr && !meta_->history_freed,
+              "backward: the graph that produced this tensor (shape {}) has already been freed — "
+              "backward ran through it before; pass retain_graph=true to the first backward to run "
+              "it twice", shape_);
+  detail::accumulate_grad(*meta_, std::move(seed));
+  tape->backward(static_cast<TapePosition>(index) + 1, 0, retain_graph);
+}
+
+}  // namespace remat

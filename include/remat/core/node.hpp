@@ -1,0 +1,210 @@
+#pragma once
+// A node of the tape: one recorded op. It holds its inputs' autograd metadata strongly and its
+// outputs' weakly (the tape never keeps an activation alive unless it saved it), the tensors it
+// saved, and a backward function that adds into its inputs' gradients; it frees what it saved as
+// soon as it has run.
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "remat/core/error.hpp"
+#include "remat/core/saved_tensor.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat::detail {
+
+class Node {
+ public:
+  Node(std::string name, std::uint64_t id, std::vector<SavedTensor> saved)
+      : name_(std::move(name)), id_(id), saved_(std::move(saved)) {
+    for (SavedTensor& s : saved_) s.retain();
+  }
+  // Derived nodes call release() in their destructor: drop_edges is virtual, and a base
+  // destructor must not call into a derived part that no longer exists.
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  const char* name() const { return name_.c_str(); }
+  std::uint64_t id() const { return id_; }
+  bool released() const { return released_; }
+  const std::vector<SavedTensor>& saved() const { return saved_; }
+
+  /// Whether any output has a gradient waiting: only then does backward run this node.
+  virtual bool has_output_grad() const = 0;
+  /// Whether any output tensor is still reachable; a node with none can never run again.
+  virtual bool outputs_alive() const = 0;
+  /// Runs the backward function; frees saved tensors and edges unless `retain_graph`.
+  virtual void run(bool retain_graph) = 0;
+
+  void release_saved(std::size_t i) {
+    if (saved_[i].storage() != nullptr) saved_[i].release();
+  }
+
+  void release() {
+    if (released_) return;
+    for (SavedTensor& s : saved_) s.release();
+    saved_.clear();
+    drop_edges();
+    released_ = true;
+  }
+
+ protected:
+  virtual void drop_edges() = 0;
+
+ private:
+  std::string name_;
+  std::uint64_t id_;
+  std::vector<SavedTensor> saved_;
+  bool released_ = false;
+};
+
+template <class T>
+void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
+  if (!meta.grad.defined()) {
+    // Adopt the buffer when nothing else holds it; otherwise copy, so two gradients never alias.
+    meta.grad = g.storage().use_count() == 1 && !g.meta() ? std::move(g) : copy_of(g);
+  } else {
+    flat(meta.grad) += flat(g);
+  }
+}
+
+template <class T>
+class TypedNode;
+
+/// What a backward function sees: the gradients of the node's outputs, what it saved, and where
+/// to add its inputs' gradients.
+template <class T>
+class BackwardContext {
+ public:
+  BackwardContext(TypedNode<T>& node, std::vector<BasicTensor<T>>& grad_outputs)
+      : node_(node), grad_outputs_(grad_outputs) {}
+
+  /// The gradient of output i; zeros when that output received none.
+  const BasicTensor<T>& grad_output(std::size_t i = 0);
+  /// Saved tensor i, checked against in-place modification since it was saved.
+  template <class U = T>
+  BasicTensor<U> saved(std::size_t i) const;
+  /// Releases saved tensor i now, before the node finishes (a backward that frees as it goes).
+  void release_saved(std::size_t i);
+  /// Whether input i needs a gradient (PyTorch's needs_input_grad): skip the work otherwise.
+  bool needs_grad(std::size_t i) const;
+  /// Adds g into input i's gradient; g must have that input's shape.
+  void accumulate(std::size_t i, BasicTensor<T> g);
+
+ private:
+  TypedNode<T>& node_;
+  std::vector<BasicTensor<T>>& grad_outputs_;
+};
+
+template <class T>
+using BackwardFn = std::function<void(BackwardContext<T>&)>;
+
+template <class T>
+class TypedNode final : public Node {
+ public:
+  TypedNode(std::string name, std::uint64_t id, const std::vector<BasicTensor<T>>& inputs,
+            const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn)
+      : Node(std::move(name), id, std::move(saved)), fn_(std::move(fn)) {
+    for (const BasicTensor<T>& x : inputs) {
+      inputs_.push_back(x.requires_grad() ? x.meta() : nullptr);
+      input_shapes_.push_back(x.shape());
+    }
+    for (const BasicTensor<T>* y : outputs) {
+      outputs_.push_back(y->meta());
+      output_shapes_.push_back(y->shape());
+    }
+  }
+
+  ~TypedNode() override { release(); }
+
+  bool has_output_grad() const override {
+    return std::any_of(outputs_.begin(), outputs_.end(), [](const auto& w) {
+      auto m = w.lock();
+      return m && m->grad.defined();
+    });
+  }
+  bool outputs_alive() const override {
+    return std::any_of(outputs_.begin(), outputs_.end(), [](const auto& w) { return !w.expired(); });
+  }
+
+  void run(bool retain_graph) override {
+    REMAT_ASSERT(!released());
+    std::vector<BasicTensor<T>> grads(outputs_.size());
+    for (std::size_t i = 0; i < outputs_.size(); ++i) {
+      if (auto m = outputs_[i].lock()) {
+        grads[i] = m->grad;
+        if (!m->retains_grad) m->grad = BasicTensor<T>();  // consumed: free it now
+      }
+    }
+    BackwardContext<T> ctx(*this, grads);
+    fn_(ctx);
+    if (!retain_graph) release();
+  }
+
+ protected:
+  void drop_edges() override {
+    // Outputs still alive learn that their history is gone, so a later backward into them throws
+    // instead of silently stopping there. The input edges stay until the node leaves the tape:
+    // during a backward walk they keep alive the gradients just handed to producer nodes below.
+    for (const auto& w : outputs_)
+      if (auto m = w.lock()) m->history_freed = true;
+    fn_ = nullptr;
+  }
+
+ private:
+  friend class BackwardContext<T>;
+  std::vector<std::shared_ptr<AutogradMeta<T>>> inputs_;  // null where no gradient is needed
+  std::vector<Shape> input_shapes_;
+  std::vector<std::weak_ptr<AutogradMeta<T>>> outputs_;
+  std::vector<Shape> output_shapes_;
+  BackwardFn<T> fn_;
+};
+
+template <class T>
+const BasicTensor<T>& BackwardContext<T>::grad_output(std::size_t i) {
+  REMAT_ASSERT(i < grad_outputs_.size());
+  if (!grad_outputs_[i].defined()) {
+    BasicTensor<T> zeros(node_.output_shapes_[i]);
+    flat(zeros).setZero();
+    grad_outputs_[i] = zeros;
+  }
+  return grad_outputs_[i];
+}
+
+template <class T>
+template <class U>
+BasicTensor<U> BackwardContext<T>::saved(std::size_t i) const {
+  REMAT_ASSERT(i < node_.saved().size());
+  return node_.saved()[i].template get<U>(node_.name());
+}
+
+template <class T>
+void BackwardContext<T>::release_saved(std::size_t i) {
+  REMAT_ASSERT(i < node_.saved().size());
+  node_.release_saved(i);
+}
+
+template <class T>
+bool BackwardContext<T>::needs_grad(std::size_t i) const {
+  return i < node_.inputs_.size() && node_.inputs_[i] != nullptr;
+}
+
+template <class T>
+void BackwardContext<T>::accumulate(std::size_t i, BasicTensor<T> g) {
+  if (!needs_grad(i)) return;
+  REMAT_ASSERT(g.shape() == node_.input_shapes_[i]);
+  AutogradMeta<T>& input = *node_.inputs_[i];
+  REMAT_CHECK(!input.history_freed,
+              "backward: op '{}' passes a gradient to an input of shape {} whose own graph was "
+              "already freed by an earlier backward; pass retain_graph=true to that backward",
+              node_.name(), node_.input_shapes_[i]);
+  accumulate_grad(input, std::move(g));
+}
+
+}  // namespace remat::detail

@@ -1,0 +1,127 @@
+#pragma once
+// The op-output hook: every op that can hand its output to someone else reports it here, and
+// whoever needs to see op outputs installs a handler — selective checkpointing (keep an output in
+// forward, hand it back in replay), and later a memory budget, a profiler or a trace. Ops know
+// only this neutral hook, never who listens.
+//
+// Op identities are registered constants (`op::matmul`, `op::softmax`, ...), defined next to each
+// op: policies name ops by these, so a typo is a compile error, and names given as strings are
+// checked against the registry (find_op lists the known ones when a name is unknown).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "remat/core/error.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat {
+
+/// An op's identity: a name registered once by the op's own header.
+class OpId {
+ public:
+  constexpr OpId() = default;
+  const char* name() const { return name_ ? name_ : "(unnamed op)"; }
+  friend bool operator==(OpId a, OpId b) { return a.name_ == b.name_ || (a.name_ && b.name_ && std::strcmp(a.name_, b.name_) == 0); }
+  friend bool operator!=(OpId a, OpId b) { return !(a == b); }
+
+ private:
+  friend OpId register_op(const char* name);
+  explicit constexpr OpId(const char* name) : name_(name) {}
+  const char* name_ = nullptr;
+};
+
+namespace detail {
+inline std::vector<const char*>& op_registry() {
+  static std::vector<const char*> names;
+  return names;
+}
+}  // namespace detail
+
+/// Registers an op name (idempotent) and returns its identity. Op headers call it once each:
+/// `namespace op { inline const OpId matmul = register_op("matmul"); }`.
+inline OpId register_op(const char* name) {
+  auto& names = detail::op_registry();
+  for (const char* n : names)
+    if (std::strcmp(n, name) == 0) return OpId(n);
+  names.push_back(name);
+  return OpId(name);
+}
+
+/// The names of every op registered so far (the ops whose headers this program includes), sorted.
+inline std::vector<std::string> known_ops() {
+  std::vector<std::string> out(detail::op_registry().begin(), detail::op_registry().end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The op registered under `name`; a remat::Error listing the known names if there is none.
+inline OpId find_op(std::string_view name, const char* who = "find_op") {
+  for (const char* n : detail::op_registry())
+    if (name == n) return register_op(n);
+  throw Error(fmt::format("{}: no op is named '{}'; the known ops are: {}", who, name, fmt::join(known_ops(), ", ")));
+}
+
+/// What an op reports about one output before and after computing it.
+struct OpOutput {
+  OpId op;
+  const Shape& shape;
+  const char* dtype;
+  std::size_t bytes;
+};
+
+/// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the
+/// innermost sees each output first). By default a handler passes everything to the one outside
+/// it; a handler that owns the outputs of its scope (a checkpoint's selective saving) does not.
+class OpOutputHook {
+ public:
+  OpOutputHook() : outer_(top()) { top() = this; }
+  virtual ~OpOutputHook() { top() = outer_; }
+  OpOutputHook(const OpOutputHook&) = delete;
+  OpOutputHook& operator=(const OpOutputHook&) = delete;
+
+  /// Before the op computes: a stored tensor to use as its output instead, or an undefined ref.
+  virtual detail::TensorRef reuse(const OpOutput& out) { return outer_ ? outer_->reuse(out) : detail::TensorRef{}; }
+  /// After the op computed `value`.
+  virtual void produced(const OpOutput& out, const detail::TensorRef& value) {
+    if (outer_) outer_->produced(out, value);
+  }
+
+  /// The innermost handler on this thread, or null.
+  static OpOutputHook* current() { return top(); }
+
+ protected:
+  OpOutputHook* outer() const { return outer_; }
+
+ private:
+  static OpOutputHook*& top() {
+    thread_local OpOutputHook* innermost = nullptr;
+    return innermost;
+  }
+  OpOutputHook* outer_;
+};
+
+namespace detail {
+
+/// An op's output: `compute()` unless a handler supplies it; handlers see what was computed.
+/// With no handler installed this is a plain call.
+template <class T, class Compute>
+BasicTensor<T> produce(OpId op, const Shape& shape, Compute&& compute) {
+  OpOutputHook* hook = OpOutputHook::current();
+  if (!hook) return compute();
+  const OpOutput out{op, shape, dtype_name<T>(), static_cast<std::size_t>(shape.numel()) * sizeof(T)};
+  if (const TensorRef supplied = hook->reuse(out); supplied.defined()) {
+    REMAT_CHECK(supplied.shape == shape, "{}: a handler supplied an output of shape {} where shape {} is computed",
+                op.name(), supplied.shape, shape);
+    return BasicTensor<T>::from_ref(supplied, op.name());
+  }
+  BasicTensor<T> y = compute();
+  hook->produced(out, y.ref());
+  return y;
+}
+
+}  // namespace detail
+}  // namespace remat

@@ -1,0 +1,24 @@
+#pragma once
+// One guard for every piece of thread-local state the library switches for a scope (grad mode,
+// recording, replay depth, the generator during a replay, checking modes): set on entry, put back
+// on exit, also when an exception leaves the scope.
+
+#include <utility>
+
+namespace remat {
+
+/// Sets `slot` to `value` for the guard's lifetime and restores the previous value after.
+template <class T>
+class ScopedValue {
+ public:
+  ScopedValue(T& slot, T value) : slot_(slot), previous_(std::move(slot)) { slot_ = std::move(value); }
+  ~ScopedValue() { slot_ = std::move(previous_); }
+  ScopedValue(const ScopedValue&) = delete;
+  ScopedValue& operator=(const ScopedValue&) = delete;
+
+ private:
+  T& slot_;
+  T previous_;
+};
+
+}  // namespace remat

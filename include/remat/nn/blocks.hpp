@@ -1,0 +1,46 @@
+#pragma once
+// A stack of blocks, run one after another — unless the caller installs another way to run them.
+// Models carry no memory policy: a model that runs blocks exposes them as a BlockStack, and
+// checkpointing (remat::apply_checkpointing) or anything else that wants to run the stack
+// differently installs a BlockRunner from outside.
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "remat/core/tensor.hpp"
+
+namespace remat::nn {
+
+/// One block as a function of the stream it transforms, x -> f(x).
+using Block = std::function<Tensor(const Tensor&)>;
+/// Runs `blocks` on x and returns the result.
+using BlockRunner = std::function<Tensor(const std::vector<Block>& blocks, const Tensor& x)>;
+
+/// The default runner: each block on the previous one's output.
+inline Tensor run_in_order(const std::vector<Block>& blocks, const Tensor& x) {
+  Tensor h = x;
+  for (const Block& f : blocks) h = f(h);
+  return h;
+}
+
+/// Implemented by models whose core is a stack of blocks (GPT, Sequential).
+class BlockStack {
+ public:
+  virtual ~BlockStack() = default;
+  /// The blocks in order, as callables that refer to the model's own modules.
+  virtual std::vector<Block> blocks() = 0;
+  /// How run_blocks runs them from now on; an empty runner restores run_in_order.
+  void set_block_runner(BlockRunner runner) { runner_ = std::move(runner); }
+  const BlockRunner& block_runner() const { return runner_; }
+
+  Tensor run_blocks(const Tensor& x) {
+    const std::vector<Block> stack = blocks();
+    return runner_ ? runner_(stack, x) : run_in_order(stack, x);
+  }
+
+ private:
+  BlockRunner runner_;
+};
+
+}  // namespace remat::nn
