@@ -1,68 +1,20 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of bench_gpt_step: the same GPT (pre-LN blocks, explicit softmax attention,
-dropout on the embeddings, attention probabilities, attention output and MLP output), the same
-step (forward, backward, SGD) and the same modes, timed per step, with the peak of bytes saved for
-backward counted exactly through saved-tensor hooks (each storage once while any graph holds it).
+"""The PyTorch peer of bench_gpt_step: the same GPT (tests/parity/torch_gpt.py, shared with the parity
+test: pre-LN blocks, explicit softmax attention, dropout where remat has it), the same step (forward,
+backward, SGD) and the same modes, timed per step, with the peak of bytes saved for backward counted exactly through saved-tensor hooks (each storage once while any graph holds it).
 Prints one JSON line. Run by run.py with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for it alone."""
 import argparse
 import json
-import math
+import os
+import sys
 import time
 import weakref
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-
-class Attention(nn.Module):
-    def __init__(self, c, h, p):
-        super().__init__()
-        self.n_head, self.c_attn, self.c_proj = h, nn.Linear(c, 3 * c), nn.Linear(c, c)
-        self.attn_dropout, self.resid_dropout = nn.Dropout(p), nn.Dropout(p)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        att = self.attn_dropout(F.softmax(att.masked_fill(mask, float("-inf")), dim=-1))
-        return self.resid_dropout(self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C)))
-
-
-class Block(nn.Module):
-    def __init__(self, c, h, p):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c), Attention(c, h, p), nn.LayerNorm(c)
-        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c), nn.Dropout(p))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, a):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(a.vocab, a.width), nn.Embedding(a.context, a.width)
-        self.drop = nn.Dropout(a.dropout)
-        self.h = nn.Sequential(*[Block(a.width, a.heads, a.dropout) for _ in range(a.layers)])
-        self.ln_f, self.lm_head = nn.LayerNorm(a.width), nn.Linear(a.width, a.vocab, bias=False)
-        self.mode = a.mode
-
-    def forward(self, idx, targets):
-        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.size(1))))
-        if self.mode == "blocks":
-            for b in self.h:
-                x = checkpoint(b, x)
-        elif self.mode == "sqrt":
-            x = checkpoint_sequential(self.h, math.ceil(math.sqrt(len(self.h))), x)
-        else:
-            x = self.h(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+# The reference GPT is shared with the parity test, so the peer computes what remat computes.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+from torch_gpt import GPT  # noqa: E402
 
 
 class SavedBytes:
@@ -105,7 +57,7 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = GPT(a)
+    model = GPT(a.layers, a.width, a.heads, a.context, a.vocab, a.dropout, a.mode)
     sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
     idx = torch.randint(0, a.vocab, (a.batch, a.context))
     targets = torch.randint(0, a.vocab, (a.batch, a.context))

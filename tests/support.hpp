@@ -40,6 +40,25 @@ struct FreshTape {
   TapeGuard guard{tape};
 };
 
+/// A small GPT configuration for tests, every field given in one place.
+inline nn::GPTConfig gpt_config(std::int64_t vocab, std::int64_t context, std::int64_t layers, std::int64_t heads,
+                                std::int64_t width, double dropout = 0.0, bool tie_weights = false) {
+  nn::GPTConfig c;
+  c.vocab_size = vocab;
+  c.block_size = context;
+  c.n_layer = layers;
+  c.n_head = heads;
+  c.n_embd = width;
+  c.dropout = dropout;
+  c.tie_weights = tie_weights;
+  return c;
+}
+
+/// The GPT most checkpoint tests use: vocabulary 23, context 12, 2 heads of width 8.
+inline nn::GPTConfig small_gpt(std::int64_t layers = 4, double dropout = 0.1) {
+  return gpt_config(23, 12, layers, 2, 16, dropout);
+}
+
 template <class T>
 std::vector<T> values(const BasicTensor<T>& t) {
   return t.to_vector();

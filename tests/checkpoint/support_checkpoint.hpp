@@ -12,15 +12,4 @@ inline std::vector<std::vector<float>> gradients(nn::Module& m) {
   return out;
 }
 
-inline nn::GPTConfig small_gpt(std::int64_t layers = 4, double dropout = 0.1) {
-  nn::GPTConfig c;
-  c.vocab_size = 23;
-  c.block_size = 12;
-  c.n_layer = layers;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.dropout = dropout;
-  return c;
-}
-
 }  // namespace remat::test

@@ -13,14 +13,8 @@ struct TempFile {
 };
 
 nn::GPT make_gpt(std::uint64_t seed) {
-  nn::GPTConfig c;
-  c.vocab_size = 7;
-  c.block_size = 4;
-  c.n_layer = 1;
-  c.n_head = 1;
-  c.n_embd = 4;
   Generator g(seed);
-  return nn::GPT(c, g);
+  return nn::GPT(test::gpt_config(7, 4, 1, 1, 4), g);
 }
 
 std::vector<std::vector<float>> snapshot(nn::Module& m) {

@@ -84,12 +84,7 @@ TEST_CASE("transformer block: gradients of its parameters match finite differenc
 
 TEST_CASE("gpt: logits have shape (B, T, V) and the initial loss is about ln V", "[nn][gpt]") {
   Generator g(5);
-  nn::GPTConfig c;
-  c.vocab_size = 32;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
+  const nn::GPTConfig c = test::gpt_config(32, 16, 2, 2, 16);
   nn::GPT gpt(c, g);
   const LongTensor idx = randint(0, 32, {3, 16}, g), targets = randint(0, 32, {3, 16}, g);
   CHECK(gpt(idx).shape() == Shape{3, 16, 32});
@@ -100,13 +95,7 @@ TEST_CASE("gpt: logits have shape (B, T, V) and the initial loss is about ln V",
 
 TEST_CASE("gpt: gradients reach every parameter and match finite differences", "[nn][gpt]") {
   Generator g(6);
-  nn::GPTConfig c;
-  c.vocab_size = 13;
-  c.block_size = 6;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.tie_weights = true;
+  const nn::GPTConfig c = test::gpt_config(13, 6, 2, 2, 8, 0.0, /*tie_weights=*/true);
   nn::GPT gpt(c, g);
   const LongTensor idx = randint(0, 13, {2, 6}, g), targets = randint(0, 13, {2, 6}, g);
   gpt.loss(idx, targets).backward();
@@ -122,12 +111,7 @@ TEST_CASE("gpt: gradients reach every parameter and match finite differences", "
 
 TEST_CASE("gpt: generate appends sampled tokens, reproducibly for a seed", "[nn][gpt]") {
   Generator g(7);
-  nn::GPTConfig c;
-  c.vocab_size = 10;
-  c.block_size = 4;
-  c.n_layer = 1;
-  c.n_head = 1;
-  c.n_embd = 8;
+  const nn::GPTConfig c = test::gpt_config(10, 4, 1, 1, 8);
   nn::GPT gpt(c, g);
   const LongTensor start = tensor<std::int64_t>({1, 2}, {1, 2});
   Generator s1(1), s2(1);

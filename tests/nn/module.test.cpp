@@ -4,14 +4,7 @@ using namespace remat;
 
 namespace {
 nn::GPTConfig tiny_gpt(bool tie = false) {
-  nn::GPTConfig c;
-  c.vocab_size = 11;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.tie_weights = tie;
-  return c;
+  return test::gpt_config(11, 8, 2, 2, 8, 0.0, tie);
 }
 }  // namespace
 

@@ -10,8 +10,8 @@ import struct
 import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+from torch_gpt import GPT
 
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
 
@@ -31,60 +31,6 @@ def read_safetensors(path):
         t = torch.frombuffer(buf, dtype=DTYPES[info["dtype"]]) if buf else torch.empty(0, dtype=DTYPES[info["dtype"]])
         out[name] = t.reshape(info["shape"]).clone()
     return out
-
-
-class Attention(nn.Module):
-    def __init__(self, c, h):
-        super().__init__()
-        self.n_head = h
-        self.c_attn = nn.Linear(c, 3 * c)
-        self.c_proj = nn.Linear(c, c)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
-        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c_fc = nn.Linear(c, 4 * c)
-        self.c_proj = nn.Linear(4 * c, c)
-
-    def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, c, h):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(c), Attention(c, h), nn.LayerNorm(c), MLP(c)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, layers, c, h, context, vocab):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, c), wpe=nn.Embedding(context, c),
-            h=nn.ModuleList(Block(c, h) for _ in range(layers)), ln_f=nn.LayerNorm(c)))
-        self.lm_head = nn.Linear(c, vocab, bias=False)
-
-    def forward(self, idx, targets):
-        t = idx.size(1)
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
-        for block in self.transformer.h:
-            x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
 
 
 def main():

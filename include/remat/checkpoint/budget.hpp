@@ -11,6 +11,17 @@
 //                 restore s, opt(s, k, m', yes), drop x_s          costs Σ_{s..k-1} c_i + ...
 // Bytes are counted in units of budget/resolution, rounded up, so a plan that fits in units fits
 // in bytes.
+//
+// Why these three options are enough: look at what an optimal schedule does first with the
+// position at s. Either it records step s at once — then either everything up to t is recorded
+// before anything is reversed (record all: no state has to be kept, all activations coexist), or
+// x_{s+1} becomes the new start of a smaller problem with a_s bytes less (record first: step s is
+// reversed last, after the rest). Or it advances: then the next thing it must hold is some x_k,
+// k > s, to come back to later (split at k): the suffix [k, t) is reversed first, with x_s still
+// held (its bytes are charged unless the caller already holds it), and then the prefix [s, k) is
+// reversed from x_s, which is held — "kept = yes", so no second charge. Every subproblem is again
+// "reverse [s, t) from x_s with m bytes", which is the state of the table; its size is
+// L·(L + 1)·(M + 1)·2 entries and each entry tries O(L) splits.
 
 #include <cmath>
 #include <limits>

@@ -90,6 +90,26 @@ inline std::uint64_t beta(std::int64_t s, std::int64_t r) {
 
 }  // namespace detail
 
+// Derivation of the binomial schedule (Griewank 1992; Griewank & Walther, "Algorithm 799: Revolve").
+// Reverse l steps holding x_0 in one of s snapshot slots, the position at x_0; the last step to be
+// reversed is run recorded, so the count F(l, s) is of advances (non-recording executions).
+//   • l = 1: record and reverse step 0: F(1, s) = 0.
+//   • s = 1: only x_0 is kept, so each step j is reached again from x_0: F(l, 1) = Σ_{j<l} j = l(l−1)/2.
+//   • otherwise pick m, advance to x_m (m executions) and snapshot it; reverse [m, l) with s − 1 free
+//     slots (x_0 still occupies one), then free x_m, restore x_0 and reverse [0, m) with all s slots:
+//         F(l, s) = min_{0<m<l} { m + F(l − m, s − 1) + F(m, s) }.
+// The minimum has a closed form. Count repetitions: β(s, r) = C(s + r, s) is the longest chain
+// that s slots reverse with no step run more than r times. Proof of β(s, r) = β(s, r − 1) +
+// β(s − 1, r) (Pascal's rule, hence the binomial): place the first snapshot at m; the steps before
+// m were already run once to reach x_m, so the prefix has r − 1 repetitions left with s slots, and
+// the suffix has r repetitions with s − 1 slots. With r the least integer such that β(s, r) ≥ l,
+// summing the split recurrence gives Griewank's count (Prop. 1 of his 1992 paper)
+//   F(l, s) = r·l − β(s + 1, r − 1),
+// i.e. every step runs r times except for β(s + 1, r − 1) executions that the slack between l and
+// β(s, r) saves. The split cost m + F(l − m, s − 1) + F(m, s) is convex in m (F is convex in l),
+// so binomial_reverse finds the optimal m by bisection on its slope, and the tests check that the
+// emitted schedule's advance count equals the closed form for every l ≤ 200, s ≤ 12.
+
 /// Griewank's minimum number of non-recording step executions to reverse l steps with s
 /// snapshots (the chain's input counting as one), the last step recorded directly:
 /// F(l, s) = r·l − β(s+1, r−1), r the least integer with β(s, r) ≥ l.

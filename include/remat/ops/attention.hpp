@@ -3,6 +3,19 @@
 // mask, the softmax, dropout and the product with v run in one pass, and only q, k, v and a
 // log-sum-exp per query row are saved; backward recomputes the probabilities from them (the
 // memory-efficient attention of Rabe & Staats and FlashAttention, on the CPU).
+//
+// Derivation (one (batch, head); Q, K, V of shape (T, D); a = 1/√D; row i sees keys j ≤ i):
+//   S = a Q Kᵀ (masked: S_ij = −∞ for j > i),  ℓ_i = log Σ_{j≤i} e^{S_ij},  P_ij = e^{S_ij − ℓ_i}
+//   M = dropout multipliers (keep/(1−p) or 0),  Pd = M ⊙ P,  Y = Pd V.
+// Backward, from dY:
+//   dV = Pdᵀ dY                                  (Y is linear in V)
+//   dPd = dY Vᵀ,  dP = M ⊙ dPd                   (dropout is a fixed elementwise mask)
+//   dS_ij = P_ij (dP_ij − Σ_k dP_ik P_ik)        (the softmax backward, row by row; see softmax.hpp)
+//   dQ = a dS K,  dK = a dSᵀ Q.
+// Why the log-sum-exp is enough: P_ij = exp(S_ij − ℓ_i) is exact given ℓ_i, and S is one GEMM
+// away from the saved Q and K, so the (T, T) matrix P never has to be kept — B·H·T floats instead
+// of B·H·T². M is regenerated from the generator state at entry by the element rule of
+// core/random.hpp, drawing exactly what dropout() on the (B, H, T, T) probabilities would draw.
 
 #include <array>
 #include <cmath>

@@ -1,4 +1,14 @@
 #pragma once
+// cross_entropy: log-softmax and the negative log-likelihood fused into one op.
+//
+// Derivation (one row: logits z of length C, target t, p = softmax(z)):
+//   loss_row = −log p_t = −z_t + log Σ_k e^{z_k}
+//   ∂loss_row/∂z_j = −δ_jt + e^{z_j} / Σ_k e^{z_k} = p_j − δ_jt
+// With the mean over the m rows that are not ignored, dz = dloss · (p − onehot(t)) / m, and 0 on
+// ignored rows. Fusing avoids the (N, C) log-probabilities that log_softmax then nll would keep
+// and the catastrophic cancellation of log(softmax(z)) when p_t underflows: the forward computes
+// log Σ e^{z − max} − (z_t − max) directly.
+// Saves: p (the backward is p − onehot, so p is all it needs) and the targets.
 #include <cmath>
 #include <limits>
 

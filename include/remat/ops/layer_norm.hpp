@@ -1,4 +1,14 @@
 #pragma once
+// layer_norm over the last dim.
+//
+// Derivation (one row x of length C; μ = mean(x), v = mean((x − μ)²), r = (v + eps)^{−1/2},
+// x̂ = (x − μ) r, y = x̂ ⊙ w + b; write g = dy ⊙ w, the gradient arriving at x̂):
+//   ∂μ/∂x_j = 1/C,   ∂v/∂x_j = 2 (x_j − μ)/C,   ∂r/∂x_j = −½ r³ · 2 (x_j − μ)/C = −r² x̂_j / C
+//   ∂x̂_i/∂x_j = r (δ_ij − 1/C) + (x_i − μ) ∂r/∂x_j = r (δ_ij − 1/C − x̂_i x̂_j / C)
+//   dx_j = Σ_i g_i ∂x̂_i/∂x_j = r (g_j − mean(g) − x̂_j mean(g ⊙ x̂))
+//   dw = Σ_rows dy ⊙ x̂,   db = Σ_rows dy.
+// Saves: x, w and two scalars per row (μ and r): x̂ is rebuilt from them in backward, which costs
+// one pass over x but not the (rows, C) x̂ itself.
 #include <cmath>
 
 #include "remat/core/autograd.hpp"

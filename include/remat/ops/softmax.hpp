@@ -1,4 +1,14 @@
 #pragma once
+// softmax and log_softmax over the last dim.
+//
+// Derivation (one row x of length C, y = softmax(x), y_i = e^{x_i} / Σ_k e^{x_k}):
+//   ∂y_i/∂x_j = y_i (δ_ij − y_j)                      (quotient rule)
+//   dx_j = Σ_i dy_i ∂y_i/∂x_j = y_j dy_j − y_j Σ_i dy_i y_i = y_j (dy_j − ⟨dy, y⟩)
+// so backward needs only y and one dot product per row: Saves y, never x.
+// Shifting x by the row max m changes nothing (the e^{−m} cancels) and keeps exp finite.
+//
+// log_softmax: z_i = x_i − m − log Σ_k e^{x_k − m}, ∂z_i/∂x_j = δ_ij − y_j with y = e^z, so
+//   dx_j = dy_j − y_j Σ_i dy_i = dy_j − e^{z_j} Σ_i dy_i          Saves z (y is recomputed as e^z).
 #include "remat/core/autograd.hpp"
 #include "remat/core/threads.hpp"
 
