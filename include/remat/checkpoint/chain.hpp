@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "remat/checkpoint/budget.hpp"
+#include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
 #include "remat/core/autograd.hpp"
@@ -72,36 +73,56 @@ class Snapshot {
 struct ChainRun {
   std::vector<ChainStep> steps;
   Plan plan;
+  std::string name;           // "chain[policy]", in errors
+  bool check_values = false;  // compare replayed values too (CheckpointChecking), not just shapes
   std::vector<Generator::State> rng;  // each step's generator state at its first execution
+  std::vector<Shape> out_shapes;      // each step's output shape at its first execution
+  std::vector<std::uint64_t> out_hashes;  // and its values' hash, when check_values
   std::int64_t position = 0;
   Tensor current;
+  // The chain input's autograd identity (null when it needs no gradient): step 0 is recorded on
+  // it, so its gradient arrives in the order, and so to the bits, it would without the chain.
+  std::shared_ptr<AutogradMeta<float>> input_meta;
   std::map<std::int64_t, std::unique_ptr<Snapshot>> kept;
   struct Recorded {
     std::unique_ptr<RecordedRun> run;
     Tensor input, output;
   };
   std::map<std::int64_t, Recorded> recorded;
-  Tensor grad;  // gradient of x_{next reversed + 1}
-  bool input_requires_grad = false;
+  Tensor grad;  // gradient of x_{next reversed + 1}; undefined when none arrived
   ChainCounts counts;
   std::shared_ptr<ChainCounts> report;  // where the caller reads the counts
 
-  /// Step i on x: in forward its first execution notes the generator state; every later one is
-  /// a replay from that state.
-  Tensor run_step(std::int64_t i, const Tensor& x, bool in_forward) {
+  /// Step i on x: its first execution (in forward) notes the generator state and what it
+  /// produced; every later execution is a replay from that state, checked against the first.
+  Tensor run_step(std::int64_t i, const Tensor& x) {
     const auto k = static_cast<std::size_t>(i);
-    if (!in_forward) return as_replay(rng[k], [&] { return steps[k](x); });
-    if (rng.size() == k) rng.push_back(default_generator().state());
-    return steps[k](x);
+    if (k == rng.size()) {
+      rng.push_back(default_generator().state());
+      Tensor y = steps[k](x);
+      out_shapes.push_back(y.shape());
+      if (check_values) out_hashes.push_back(fingerprint(y));
+      return y;
+    }
+    Tensor y = as_replay(rng[k], [&] { return steps[k](x); });
+    if (y.shape() != out_shapes[k])
+      throw CheckpointError(fmt::format("{}: step {} of {} produced shape {} when replayed, but {} in forward; a step "
+                                        "must compute the same thing every time it runs", name, i, steps.size(),
+                                        y.shape(), out_shapes[k]));
+    if (check_values && fingerprint(y) != out_hashes[k])
+      throw CheckpointError(fmt::format("{}: step {} of {} produced different values (shape {}) when replayed than "
+                                        "in forward; it depends on state that changed in between", name, i,
+                                        steps.size(), y.shape()));
+    return y;
   }
 
-  void execute(const Action& act, bool in_forward) {
+  void execute(const Action& act) {
     using K = Action::Kind;
     const std::int64_t i = act.step;
     switch (act.kind) {
       case K::advance: {
         auto not_recording = scoped_recording(false);
-        current = run_step(i, current, in_forward).detach();
+        current = run_step(i, current).detach();
         ++position;
         ++counts.advances;
         break;
@@ -118,9 +139,10 @@ struct ChainRun {
         kept.erase(i);
         break;
       case K::record: {
-        Recorded r{std::make_unique<RecordedRun>(), current.detach(), Tensor()};
-        if (i > 0 || input_requires_grad) r.input.requires_grad_();
-        r.output = r.run->record([&] { return run_step(i, r.input, in_forward); });
+        Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor()};
+        if (i > 0) r.input.requires_grad_();
+        else if (input_meta) r.input.set_meta(input_meta);
+        r.output = r.run->record([&] { return run_step(i, r.input); });
         current = r.output.detach();
         recorded[i] = std::move(r);
         ++position;
@@ -130,7 +152,7 @@ struct ChainRun {
       case K::reverse: {
         Recorded& r = recorded.at(i);
         r.run->backward({&r.output}, {grad});  // a step that returned its input passes grad straight through
-        grad = r.input.grad().defined() ? r.input.grad() : zeros(r.input.shape());
+        grad = i > 0 ? r.input.grad() : Tensor();  // step 0 delivered into the chain input directly
         recorded.erase(i);
         break;
       }
@@ -148,7 +170,11 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
                                     std::shared_ptr<ChainCounts> counts = nullptr) {
   const auto L = static_cast<std::int64_t>(steps.size());
   REMAT_CHECK(L >= 1, "checkpoint_sequential: needs at least one step");
-  if (!is_grad_enabled()) {
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    REMAT_CHECK(static_cast<bool>(steps[i]), "checkpoint_sequential: step {} of {} is an empty function", i, L);
+  // Without grad, or inside a checkpointed segment's forward (which records nothing and replays
+  // us for real in its backward), the steps simply run.
+  if (!is_grad_enabled() || !detail::autograd_state().recording) {
     Tensor h = x;
     for (const ChainStep& f : steps) h = f(h);
     return h;
@@ -161,10 +187,12 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   auto run = std::make_shared<detail::ChainRun>();
   run->steps = steps;
   run->plan = plan(policy, L, costs);
+  run->name = fmt::format("checkpoint_sequential[{}]", policy.name);
+  run->check_values = detail::checkpoint_checking_flag();
   run->current = x.detach();
-  run->input_requires_grad = x.requires_grad();
+  if (x.requires_grad()) run->input_meta = x.meta();
   run->report = counts;
-  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(run->plan.actions[a], true);
+  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(run->plan.actions[a]);
 
   Tensor out = run->current;
   bool any_grad = false;
@@ -174,8 +202,7 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   detail::record<float>(fmt::format("chain[{}]", policy.name), {x}, {&out}, {}, [run](detail::BackwardContext<float>& ctx) {
     run->grad = detail::copy_of(ctx.grad_output());
     for (std::size_t a = run->plan.forward_actions; a < run->plan.actions.size(); ++a)
-      run->execute(run->plan.actions[a], false);
-    if (ctx.needs_grad(0)) ctx.accumulate(0, run->grad);
+      run->execute(run->plan.actions[a]);
     if (run->report) *run->report = run->counts;
     run->kept.clear();
     run->recorded.clear();

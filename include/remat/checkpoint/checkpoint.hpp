@@ -36,11 +36,6 @@ struct CheckpointOptions {
 
 namespace detail {
 
-inline bool& checkpoint_checking_flag() {
-  thread_local bool on = false;
-  return on;
-}
-
 /// A checkpointed function's result as a list of its tensors: a Tensor or a tuple of Tensors.
 template <class R>
 struct CheckpointOutputs {
@@ -60,15 +55,6 @@ struct CheckpointOutputs<std::tuple<Ts...>> {
 
 template <class A>
 constexpr bool is_checkpoint_tensor_v = std::is_same_v<std::decay_t<A>, Tensor>;
-
-/// FNV-1a over the bytes: kernels are deterministic on the CPU, so a faithful replay reproduces
-/// every bit and any drift changes the hash.
-inline std::uint64_t fingerprint(const Tensor& t) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(t.data());
-  for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 /// Everything a segment's backward needs besides its saved tensors.
 template <class Fn, class... Args>
@@ -108,15 +94,6 @@ void clear_tensor_arg(A& a) {
 }
 
 }  // namespace detail
-
-/// RAII: every checkpoint created while it lives also checks its replay's values, not just shapes.
-class CheckpointChecking {
- public:
-  explicit CheckpointChecking(bool on = true) : guard_(detail::checkpoint_checking_flag(), on) {}
-
- private:
-  ScopedValue<bool> guard_;
-};
 
 /// Runs fn(args...) as a checkpointed segment and returns what it returns (a Tensor or a tuple of
 /// Tensors). Tensor arguments are the segment's boundary; other arguments are copied for replay.
@@ -166,12 +143,11 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   detail::record<float>(name, inputs, outputs, std::move(saved), [segment](detail::BackwardContext<float>& ctx) {
     Seg& seg = *segment;
     const std::size_t n_inputs = seg.inputs;
-    std::vector<Tensor> leaves;
-    for (std::size_t i = 0; i < n_inputs; ++i) {
-      Tensor leaf = ctx.saved(i);
-      if (ctx.needs_grad(i)) leaf.requires_grad_();
-      leaves.push_back(leaf);
-    }
+    // The replay reads the saved inputs under the inputs' own autograd identities, so every
+    // contribution it makes reaches an input's gradient in the order the plain forward's nodes
+    // would have made it: bitwise equal even when the input is also used outside the segment.
+    std::vector<Tensor> inputs;
+    for (std::size_t i = 0; i < n_inputs; ++i) inputs.push_back(ctx.as_input(i, ctx.saved(i)));
     std::vector<detail::SavedTensor> kept_outputs;
     for (std::size_t j = 0; j < seg.kept; ++j) kept_outputs.emplace_back(ctx.saved(n_inputs + j));
 
@@ -180,7 +156,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     run.record([&] {
       detail::as_replay(seg.rng, [&] {
         detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, kept_outputs, seg.options.name);
-        auto call_args = seg.replay_args(leaves);
+        auto call_args = seg.replay_args(inputs);
         replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(seg.fn, a...)); }, call_args));
       });
     });
@@ -197,11 +173,11 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
             "checkpoint '{}': replay produced different values for output {} (shape {}) than the forward did; the "
             "segment depends on state that changed between forward and backward", seg.options.name, i,
             outs[i]->shape()));
-      grads.push_back(outs[i]->requires_grad() ? ctx.grad_output(i) : Tensor());
+      // An output that reached no loss seeds nothing: what only it depends on gets no gradient
+      // (not a zero one), as without checkpointing.
+      grads.push_back(outs[i]->requires_grad() && ctx.has_grad_output(i) ? ctx.grad_output(i) : Tensor());
     }
     run.backward(outs, grads);
-    for (std::size_t i = 0; i < n_inputs; ++i)
-      if (ctx.needs_grad(i) && leaves[i].grad().defined()) ctx.accumulate(i, leaves[i].grad());
   });
   return result;
 }

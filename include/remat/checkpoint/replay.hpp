@@ -23,6 +23,22 @@
 
 namespace remat::detail {
 
+/// Whether replays are also checked value by value (CheckpointChecking), not only by shape.
+inline bool& checkpoint_checking_flag() {
+  thread_local bool on = false;
+  return on;
+}
+
+/// FNV-1a over the bytes: kernels are deterministic on the CPU, so a faithful replay reproduces
+/// every bit and any drift changes the hash.
+inline std::uint64_t fingerprint(const Tensor& t) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(t.data());
+  for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+
 /// Runs fn() as the replay of a computation that first ran with the generator at `rng`.
 template <class F>
 decltype(auto) as_replay(Generator::State rng, F&& fn) {
@@ -59,3 +75,17 @@ class RecordedRun {
 };
 
 }  // namespace remat::detail
+
+namespace remat {
+
+/// RAII: every checkpoint and chain created while it lives also checks its replays' values (a hash
+/// of the bytes), not just their shapes.
+class CheckpointChecking {
+ public:
+  explicit CheckpointChecking(bool on = true) : guard_(detail::checkpoint_checking_flag(), on) {}
+
+ private:
+  ScopedValue<bool> guard_;
+};
+
+}  // namespace remat

@@ -30,7 +30,17 @@ struct ScopePeaks {
   std::size_t peak_saved_bytes = 0;
 };
 
-#if defined(__SANITIZE_ADDRESS__)
+// GCC defines __SANITIZE_ADDRESS__ under -fsanitize=address; clang answers __has_feature.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define REMAT_HAS_ASAN 1
+#endif
+#endif
+#ifndef REMAT_HAS_ASAN
+#define REMAT_HAS_ASAN 0
+#endif
+
+#if defined(__SANITIZE_ADDRESS__) || REMAT_HAS_ASAN
 inline constexpr bool kCacheByDefault = false;  // let AddressSanitizer see every free
 #else
 inline constexpr bool kCacheByDefault = true;
@@ -127,7 +137,11 @@ class MemoryLedger {
 
  private:
   static std::size_t block_size(std::size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__) || REMAT_HAS_ASAN
+    return std::max<std::size_t>(1, bytes);  // no rounding: a read past the tensor's end is caught
+#else
     return std::max<std::size_t>(kStorageAlignment, (bytes + kStorageAlignment - 1) / kStorageAlignment * kStorageAlignment);
+#endif
   }
 
   std::mutex mutex_;

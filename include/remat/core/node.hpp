@@ -87,6 +87,13 @@ class BackwardContext {
 
   /// The gradient of output i; zeros when that output received none.
   const BasicTensor<T>& grad_output(std::size_t i = 0);
+  /// Whether output i received a gradient (ask before grad_output(i), which fills in zeros).
+  bool has_grad_output(std::size_t i) const { return i < grad_outputs_.size() && grad_outputs_[i].defined(); }
+  /// `data` carrying input i's autograd identity when input i needs a gradient (else plain data):
+  /// ops recorded on it add their gradients straight into input i, each as it runs. A replay
+  /// builds its inputs this way so that an input also used outside the segment accumulates its
+  /// gradient in exactly the order, and so to exactly the bits, it would without checkpointing.
+  BasicTensor<T> as_input(std::size_t i, const BasicTensor<T>& data) const;
   /// Saved tensor i, checked against in-place modification since it was saved.
   template <class U = T>
   BasicTensor<U> saved(std::size_t i) const;
@@ -188,6 +195,13 @@ template <class T>
 void BackwardContext<T>::release_saved(std::size_t i) {
   REMAT_ASSERT(i < node_.saved().size());
   node_.release_saved(i);
+}
+
+template <class T>
+BasicTensor<T> BackwardContext<T>::as_input(std::size_t i, const BasicTensor<T>& data) const {
+  BasicTensor<T> t(data.storage(), data.shape());
+  if (needs_grad(i)) t.set_meta(node_.inputs_[i]);
+  return t;
 }
 
 template <class T>

@@ -16,6 +16,9 @@ namespace remat {
 class Shape {
  public:
   static constexpr int kMaxRank = 4;
+  /// The most elements a shape may describe (2^56): far beyond any memory, and low enough that
+  /// numel() times any element size cannot overflow int64.
+  static constexpr std::int64_t kMaxNumel = std::int64_t{1} << 56;
 
   Shape() = default;  // rank 0: a scalar
   Shape(std::initializer_list<std::int64_t> sizes) { assign(sizes.begin(), sizes.end()); }
@@ -88,8 +91,12 @@ class Shape {
     REMAT_CHECK(n <= kMaxRank, "Shape: rank {} is above the supported maximum {}", n, kMaxRank);
     rank_ = static_cast<int>(n);
     int i = 0;
+    std::int64_t numel = 1;
     for (It it = first; it != last; ++it, ++i) {
       REMAT_CHECK(*it >= 0, "Shape: size {} of dim {} is negative", *it, i);
+      REMAT_CHECK(*it == 0 || numel <= kMaxNumel / *it, "Shape: sizes {} describe more than {} elements",
+                  fmt::join(first, last, ", "), kMaxNumel);
+      numel *= *it;
       sizes_[static_cast<std::size_t>(i)] = *it;
     }
   }

@@ -3,11 +3,13 @@
 // header length, a JSON header {"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...},
 // then the raw little-endian data. Reading validates everything before anything is used.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -35,14 +37,6 @@ constexpr const char* safetensors_dtype() {
   else if constexpr (std::is_same_v<T, std::int64_t>) return "I64";
   else if constexpr (std::is_same_v<T, bool>) return "BOOL";
   else static_assert(sizeof(T) == 0, "safetensors: unsupported element type");
-}
-
-inline std::size_t dtype_size(const std::string& dtype, const std::string& path, const std::string& name) {
-  if (dtype == "F32") return 4;
-  if (dtype == "F64" || dtype == "I64") return 8;
-  if (dtype == "BOOL") return 1;
-  throw Error(fmt::format("safetensors: {}: tensor '{}' has dtype {}, which remat does not read (F32, F64, I64, "
-                          "BOOL)", path, name, dtype));
 }
 
 }  // namespace detail
@@ -87,50 +81,141 @@ inline void write_safetensors(const std::string& path, const TensorFile& tensors
   REMAT_CHECK(out.good(), "safetensors: writing {} failed", path);
 }
 
+namespace detail {
+
+/// The largest header the format allows (the reference implementation's limit): a length field
+/// above it is a corrupt or hostile file, not a reason to allocate.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+/// Rejects a JSON object that repeats a key (nlohmann keeps the last one silently; the format
+/// forbids duplicates, and a file whose meaning depends on which copy wins is not read).
+class DuplicateKeyCheck {
+ public:
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) keys_.emplace_back();
+    if (event == E::object_end) keys_.pop_back();
+    if (event == E::key) {
+      const std::string& k = parsed.get_ref<const std::string&>();
+      if (!keys_.back().insert(k).second) throw Error(fmt::format("the key '{}' appears twice", k));
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::unordered_set<std::string>> keys_;
+};
+
+/// A non-negative JSON integer (no floats, no negatives, no strings), or an error naming `what`.
+inline std::uint64_t json_size(const nlohmann::json& v, const char* what) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  throw Error(fmt::format("{} must be a non-negative integer, got {}", what, v.dump()));
+}
+
+/// One header entry checked against the format: exactly dtype, shape and data_offsets; sizes that
+/// are integers whose product (and byte count) fits; offsets within the data buffer.
+inline void read_entry(const nlohmann::json& info, std::uint64_t buffer, std::string& dtype, std::vector<std::int64_t>& shape,
+                       std::uint64_t& begin, std::uint64_t& end) {
+  REMAT_CHECK(info.is_object() && info.size() == 3 && info.contains("dtype") && info.contains("shape") &&
+                  info.contains("data_offsets"),
+              "the entry must be an object with exactly dtype, shape and data_offsets, got {}", info.dump().substr(0, 200));
+  REMAT_CHECK(info["dtype"].is_string(), "dtype must be a string, got {}", info["dtype"].dump());
+  dtype = info["dtype"].get<std::string>();
+  const std::size_t element = dtype == "F32" ? 4 : dtype == "F64" || dtype == "I64" ? 8 : dtype == "BOOL" ? 1 : 0;
+  REMAT_CHECK(element != 0, "dtype {} is not one remat reads (F32, F64, I64, BOOL)", dtype);
+  const nlohmann::json& sizes = info["shape"];
+  REMAT_CHECK(sizes.is_array() && sizes.size() <= static_cast<std::size_t>(Shape::kMaxRank),
+              "shape must be an array of at most {} sizes, got {}", Shape::kMaxRank, sizes.dump().substr(0, 200));
+  std::uint64_t bytes = element;
+  shape.clear();
+  for (const nlohmann::json& v : sizes) {
+    const std::uint64_t n = json_size(v, "every size in shape");
+    REMAT_CHECK(n == 0 || bytes <= static_cast<std::uint64_t>(Shape::kMaxNumel) / n,
+                "shape {} has more elements than a tensor can hold", sizes.dump());
+    bytes *= n;
+    shape.push_back(static_cast<std::int64_t>(n));
+  }
+  const nlohmann::json& off = info["data_offsets"];
+  REMAT_CHECK(off.is_array() && off.size() == 2, "data_offsets must be [begin, end], got {}", off.dump().substr(0, 200));
+  begin = json_size(off[0], "data_offsets[0]");
+  end = json_size(off[1], "data_offsets[1]");
+  REMAT_CHECK(begin <= end && end <= buffer, "data_offsets [{}, {}] are outside the {}-byte data (truncated file?)",
+              begin, end, buffer);
+  REMAT_CHECK(end - begin == bytes, "shape {} of dtype {} needs {} bytes, its data_offsets span {}", sizes.dump(), dtype,
+              bytes, end - begin);
+}
+
+}  // namespace detail
+
+/// Parses a safetensors image held in memory; `source` names it in errors (a path, say). Every
+/// rule of the format is checked before anything is returned: the header length is bounded and
+/// within the image, the header is a JSON object without repeated keys, sizes and offsets are
+/// integers with checked arithmetic, and the tensors' byte ranges tile the data buffer exactly
+/// (no overlap, no hole, nothing after the last one).
+inline TensorFile parse_safetensors(const unsigned char* bytes, std::size_t size, const std::string& source) {
+  REMAT_CHECK(size >= 8, "safetensors: {} is {} bytes, too short for the 8-byte header length", source, size);
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t{bytes[i]} << (8 * i);
+  REMAT_CHECK(n <= detail::kMaxHeaderBytes, "safetensors: {} declares a {}-byte header, above the format's limit of {} "
+              "bytes (corrupt file?)", source, n, detail::kMaxHeaderBytes);
+  REMAT_CHECK(n <= size - 8, "safetensors: {} declares a {}-byte header but holds only {} bytes after the length "
+              "(truncated?)", source, n, size - 8);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n, detail::DuplicateKeyCheck{});
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("safetensors: {}: the header is not valid JSON ({})", source, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("safetensors: {}: the header is not valid: {}", source, e.what()));
+  }
+  REMAT_CHECK(header.is_object(), "safetensors: {}: the header is not a JSON object", source);
+  const std::uint64_t buffer = size - 8 - n;
+  const unsigned char* data = bytes + 8 + n;
+  struct Range {
+    std::uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+  TensorFile file;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      REMAT_CHECK(info.is_object(), "safetensors: {}: __metadata__ must be an object of strings", source);
+      for (const auto& [k, v] : info.items())
+        REMAT_CHECK(v.is_string(), "safetensors: {}: __metadata__ value '{}' is not a string", source, k);
+      continue;
+    }
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0, end = 0;
+    try {
+      detail::read_entry(info, buffer, dtype, shape, begin, end);
+    } catch (const Error& e) {
+      throw Error(fmt::format("safetensors: {}: tensor '{}': {}", source, name, e.what()));
+    }
+    ranges.push_back({begin, end, name});
+    file.emplace(name, TensorEntry{dtype, Shape(shape), std::vector<unsigned char>(data + begin, data + end)});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t covered = 0;
+  for (const Range& r : ranges) {
+    REMAT_CHECK(r.begin == covered, "safetensors: {}: tensor '{}' starts at byte {} of the data, but the previous tensor "
+                "ends at {} ({}); the format requires the tensors to tile the data exactly", source, r.name, r.begin,
+                covered, r.begin < covered ? "they overlap" : "a hole");
+    covered = r.end;
+  }
+  REMAT_CHECK(covered == buffer, "safetensors: {}: the tensors cover {} bytes of data but the file holds {} (trailing "
+              "bytes)", source, covered, buffer);
+  return file;
+}
+
 inline TensorFile read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   REMAT_CHECK(in.good(), "safetensors: cannot open {}", path);
   const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  REMAT_CHECK(bytes.size() >= 8, "safetensors: {} is {} bytes, too short for the 8-byte header length", path,
-              bytes.size());
-  std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= std::uint64_t{bytes[static_cast<std::size_t>(i)]} << (8 * i);
-  REMAT_CHECK(n <= bytes.size() - 8, "safetensors: {} declares a {}-byte header but holds only {} bytes after the "
-              "length (truncated?)", path, n, bytes.size() - 8);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("safetensors: {}: the header is not valid JSON ({})", path, e.what()));
-  }
-  REMAT_CHECK(header.is_object(), "safetensors: {}: the header is not a JSON object", path);
-  const std::size_t data_start = 8 + static_cast<std::size_t>(n);
-  const std::size_t buffer = bytes.size() - data_start;
-  TensorFile file;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      const std::string dtype = info.at("dtype").get<std::string>();
-      const std::vector<std::int64_t> shape = info.at("shape").get<std::vector<std::int64_t>>();
-      const std::vector<std::uint64_t> off = info.at("data_offsets").get<std::vector<std::uint64_t>>();
-      REMAT_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= buffer,
-                  "safetensors: {}: tensor '{}' has data offsets outside the {}-byte data (truncated file?)", path, name,
-                  buffer);
-      REMAT_CHECK(shape.size() <= static_cast<std::size_t>(Shape::kMaxRank),
-                  "safetensors: {}: tensor '{}' has rank {}, above remat's maximum {}", path, name, shape.size(),
-                  Shape::kMaxRank);
-      TensorEntry e{dtype, Shape(shape), {}};
-      const std::size_t expected = static_cast<std::size_t>(e.shape.numel()) * detail::dtype_size(dtype, path, name);
-      REMAT_CHECK(off[1] - off[0] == expected, "safetensors: {}: tensor '{}' of shape {} and dtype {} needs {} bytes, "
-                  "its offsets span {}", path, name, e.shape, dtype, expected, off[1] - off[0]);
-      e.data.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data_start + off[0]),
-                    bytes.begin() + static_cast<std::ptrdiff_t>(data_start + off[1]));
-      file.emplace(name, std::move(e));
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("safetensors: {}: tensor '{}' has a malformed entry ({})", path, name, e.what()));
-    }
-  }
-  return file;
+  return parse_safetensors(bytes.data(), bytes.size(), path);
 }
 
 /// Saves a module's parameters by name (shared parameters once, under their first name).

@@ -1,0 +1,153 @@
+#include "checkpoint/support_checkpoint.hpp"
+
+using namespace remat;
+
+namespace {
+
+/// x's gradient after one backward of the loss that `build` makes from a fresh leaf x (bits).
+template <class Build>
+std::vector<float> input_grad(const Tensor& data, Build build) {
+  Tensor x = data.detach().requires_grad_();
+  build(x).backward();
+  return x.grad().to_vector();
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: an input shared with the rest of the graph gets bitwise the same gradient",
+          "[checkpoint][bitwise][shared]") {
+  auto f = [](const Tensor& a) { return a * a * 3.0f + exp(a); };        // reads its input more than once
+  auto g = [](const Tensor& a, const Tensor& b) { return a * b + exp(a) * 0.5f; };
+  for (std::uint64_t seed = 0; seed < 40; ++seed) {
+    Generator gen(seed);
+    const Tensor data = randn({7, 9}, gen);
+    auto both = [&](auto loss_of) {
+      return input_grad(data, [&](const Tensor& x) { return loss_of(x, false); }) ==
+             input_grad(data, [&](const Tensor& x) { return loss_of(x, true); });
+    };
+    auto seg = [&](const Tensor& x, bool ck) { return ck ? checkpoint(f, x) : f(x); };
+    INFO("seed " << seed);
+    // used after the segment
+    CHECK(both([&](const Tensor& x, bool ck) { return sum(seg(x, ck)) + sum(x * 5.0f); }));
+    // used before it
+    CHECK(both([&](const Tensor& x, bool ck) {
+      const Tensor before = x * 5.0f;
+      return sum(before) + sum(seg(x, ck));
+    }));
+    // passed twice
+    CHECK(both([&](const Tensor& x, bool ck) { return sum(ck ? checkpoint(g, x, x) : g(x, x)); }));
+    // a non-leaf input, the residual pattern y = h + block(h)
+    CHECK(both([&](const Tensor& x, bool ck) {
+      const Tensor h = x * 1.5f;
+      return sum(h + seg(h, ck)) + sum(h * h);
+    }));
+    // nested segments sharing the input
+    CHECK(both([&](const Tensor& x, bool ck) {
+      auto outer = [&](const Tensor& a) { return seg(a, ck) + a; };
+      return sum(ck ? checkpoint(outer, x) : outer(x)) + sum(exp(x));
+    }));
+  }
+}
+
+TEST_CASE("checkpoint_sequential: a chain input shared with the rest of the graph gets bitwise the same gradient",
+          "[checkpoint][bitwise][shared][chain]") {
+  const ChainStep step = [](const Tensor& a) { return tanh(a) * a + a * 0.5f; };
+  const std::vector<ChainStep> steps(9, step);
+  for (const Policy& p : {policy::none(), policy::uniform(2), policy::sqrt_segments(), policy::binomial(2),
+                          policy::binomial(3)}) {
+    for (std::uint64_t seed = 0; seed < 10; ++seed) {
+      Generator gen(seed);
+      const Tensor data = randn({4, 6}, gen);
+      auto loss_of = [&](const Tensor& x, bool ck) {
+        const Tensor h = x * 1.25f;
+        Tensor y = h;
+        if (ck) y = checkpoint_sequential(steps, h, p);
+        else for (const ChainStep& s : steps) y = s(y);
+        return sum(y) + sum(h * 3.0f) + sum(exp(x));
+      };
+      INFO(p.name << " seed " << seed);
+      CHECK(input_grad(data, [&](const Tensor& x) { return loss_of(x, false); }) ==
+            input_grad(data, [&](const Tensor& x) { return loss_of(x, true); }));
+    }
+  }
+}
+
+TEST_CASE("checkpoint: an output that reaches no loss gives no gradient, not a zero one", "[checkpoint][grad]") {
+  Generator init(3);
+  nn::Linear used(4, 4, true, init), unused(4, 4, true, init);
+  const Tensor x = randn({2, 4}, init);
+  auto fn = [&](const Tensor& h) { return std::make_tuple(used(h), unused(h)); };
+  for (const bool ck : {false, true}) {
+    used.zero_grad();
+    unused.zero_grad();
+    auto [a, b] = ck ? checkpoint(fn, x) : fn(x);
+    sum(a).backward();
+    INFO("checkpointed: " << ck);
+    CHECK(used.weight.grad().defined());
+    CHECK_FALSE(unused.weight.grad().defined());
+    CHECK_FALSE(unused.bias.grad().defined());
+  }
+}
+
+TEST_CASE("checkpoint_sequential: a step that ignores its input passes no gradient back", "[checkpoint][grad][chain]") {
+  Generator init(4);
+  nn::Linear first(3, 3, true, init), second(3, 3, true, init);
+  const Tensor c = randn({2, 3}, init);
+  const std::vector<ChainStep> steps{[&](const Tensor& h) { return first(h); }, [&](const Tensor&) { return second(c); }};
+  for (const Policy& p : {policy::none(), policy::binomial(1)}) {
+    first.zero_grad();
+    second.zero_grad();
+    sum(checkpoint_sequential(steps, randn({2, 3}, init).requires_grad_(), p)).backward();
+    INFO(p.name);
+    CHECK(second.weight.grad().defined());
+    CHECK_FALSE(first.weight.grad().defined());
+  }
+}
+
+TEST_CASE("checkpoint_sequential: replays are checked like checkpoint()'s", "[checkpoint][chain][misuse]") {
+  int calls = 0;
+  // The first execution of step 1 returns (2, 4); any later one (a replay) returns (2, 3).
+  const ChainStep shifting = [&](const Tensor& h) {
+    return ++calls == 1 ? cat(std::vector<Tensor>{h, narrow(h, 1, 0, 1)}, 1) : h * 1.0f;
+  };
+  const ChainStep plain = [](const Tensor& h) { return h * 2.0f; };
+  for (const Policy& p : {policy::uniform(3), policy::binomial(2), policy::sqrt_segments()}) {
+    calls = 0;
+    const std::vector<ChainStep> steps{plain, shifting, [](const Tensor& h) { return narrow(h, 1, 0, 3); }, plain, plain};
+    Tensor y = checkpoint_sequential(steps, randn({2, 3}).requires_grad_(), p);
+    INFO(p.name);
+    REQUIRE_ERROR(sum(y).backward(), "checkpoint_sequential", "step 1 of 5", "(2, 3)", "(2, 4)");
+  }
+  // Values drift: caught in checking mode.
+  float scale = 1.0f;
+  const ChainStep drifting = [&](const Tensor& h) { return h * (scale += 1.0f); };
+  {
+    CheckpointChecking checking;
+    Tensor y = checkpoint_sequential({plain, drifting, plain}, randn({2, 3}).requires_grad_(), policy::binomial(1));
+    REQUIRE_ERROR(sum(y).backward(), "step 1 of 3", "different values");
+  }
+  REQUIRE_ERROR(checkpoint_sequential({plain, ChainStep(), plain}, randn({2, 3}), policy::none()), "step 1 of 3",
+                "empty function");
+}
+
+TEST_CASE("checkpoint_sequential inside checkpoint(): the segment's forward records nothing", "[checkpoint][chain][memory]") {
+  test::FreshTape fresh;
+  Generator init(5);
+  Tensor w = (randn({128, 128}, init) * 0.05f).detach().requires_grad_();
+  const ChainStep cell = [&](const Tensor& h) { return tanh(matmul(h, w)); };
+  const std::vector<ChainStep> steps(24, cell);
+  Tensor x = randn({8, 128}, init).requires_grad_();
+  auto inner = [&](const Tensor& h) { return checkpoint_sequential(steps, h, policy::none()); };
+
+  const std::size_t before = memory_stats().saved_bytes;
+  MemoryScope scope;
+  Tensor y = checkpoint(inner, x);
+  CHECK(scope.peak_saved_bytes() - before == x.nbytes());  // the boundary, nothing else, at any moment
+  sum(y).backward();
+  const std::vector<float> gx = x.grad().to_vector(), gw = w.grad().to_vector();
+  x.zero_grad();
+  w.zero_grad();
+  sum(inner(x)).backward();
+  CHECK(x.grad().to_vector() == gx);
+  CHECK(w.grad().to_vector() == gw);
+}
