@@ -10,8 +10,8 @@ TEST_CASE("policy::parse: every word the command lines accept, and clear errors"
   CHECK(selective.kind == Checkpointing::Kind::each_block);
   REQUIRE(selective.save);
   const Shape s{2, 2};
-  CHECK(selective.save(OpOutput{op::matmul, s, "float32", 16}));
-  CHECK_FALSE(selective.save(OpOutput{op::gelu, s, "float32", 16}));
+  CHECK(selective.save(OpOutput{op::matmul, s, "float32", 1, 16, 16.0, false}));
+  CHECK_FALSE(selective.save(OpOutput{op::gelu, s, "float32", 1, 16, 4.0, false}));
   CHECK(policy::parse("uniform:3").schedule->name == "uniform:3");
   CHECK(policy::parse("sqrt").schedule->name == policy::sqrt_segments().name);
   CHECK(policy::parse("binomial:4").schedule->name == "binomial:4");

@@ -14,19 +14,21 @@ TEST_CASE("op ids: every op registers its name, and unknown names are errors lis
 
 namespace {
 
-/// Counts the outputs it sees and can hand back a fixed tensor for one op.
+/// Lists the outputs it sees and can hand back a fixed tensor for one op.
 struct Recorder : OpOutputHook {
   std::vector<std::string> seen;
   std::optional<OpId> replace;
   Tensor replacement;
-  detail::TensorRef reuse(const OpOutput& out) override {
-    if (replace && out.op == *replace) return replacement.ref();
+  std::vector<detail::TensorRef> reuse(const OpOutput& out) override {
+    if (replace && out.op == *replace) return {replacement.ref()};
     return OpOutputHook::reuse(out);
   }
-  void produced(const OpOutput& out, const detail::TensorRef& value) override {
-    seen.push_back(fmt::format("{} {} {} {}", out.op.name(), out.shape, out.dtype, out.bytes));
-    CHECK(value.shape == out.shape);
-    OpOutputHook::produced(out, value);
+  void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) override {
+    seen.push_back(fmt::format("{} {} {} {}x {} B {} flops{}", out.op.name(), out.shape, out.dtype, out.count, out.bytes,
+                               out.flops, out.replaying ? " (replay)" : ""));
+    CHECK(values.size() == out.count);
+    CHECK(values[0].shape == out.shape);
+    OpOutputHook::produced(out, values);
   }
 };
 
@@ -38,7 +40,7 @@ TEST_CASE("op-output hook: handlers see op outputs, nest, and may supply an outp
   {
     Recorder inner;
     const Tensor c = exp(matmul(a, b));
-    CHECK(inner.seen == std::vector<std::string>{"matmul (2, 4) float32 32", "exp (2, 4) float32 32"});
+    CHECK(inner.seen == std::vector<std::string>{"matmul (2, 4) float32 1x 32 B 48 flops", "exp (2, 4) float32 1x 32 B 8 flops"});
     CHECK(outer.seen == inner.seen);  // the default passes every output outward
     inner.replace = op::matmul;
     inner.replacement = full({2, 4}, 7.0f);
@@ -49,7 +51,39 @@ TEST_CASE("op-output hook: handlers see op outputs, nest, and may supply an outp
   CHECK(OpOutputHook::current() == &outer);
   outer.seen.clear();
   const Tensor d = softmax(a);
-  CHECK(outer.seen == std::vector<std::string>{"softmax (2, 3) float32 24"});
+  CHECK(outer.seen == std::vector<std::string>{"softmax (2, 3) float32 1x 24 B 30 flops"});
+}
+
+TEST_CASE("op-output hook: every op reports, with what its backward needs as extra outputs", "[core][op_output]") {
+  Recorder rec;
+  const Tensor x = randn({2, 3, 4});
+  const Tensor w = ones({4}), bias = zeros({4});
+  (void)layer_norm(x, w, bias);
+  (void)max(x, -1);
+  (void)cross_entropy(x, zeros<std::int64_t>({2, 3}));
+  (void)causal_attention(randn({1, 2, 3, 4}), randn({1, 2, 3, 4}), randn({1, 2, 3, 4}));
+  (void)cat(std::vector<Tensor>{x, x}, 0);
+  (void)permute(x, {2, 0, 1});
+  (void)reshape(x, {6, 4});
+  (void)sum(x, 1);
+  (void)mean(x);
+  (void)embedding(zeros<std::int64_t>({5}), ones({3, 4}));
+  (void)dropout(x, 0.5);
+  (void)(x + x);
+  CHECK(rec.seen == std::vector<std::string>{
+                        "layer_norm (2, 3, 4) float32 3x 144 B 192 flops",
+                        "max_dim (2, 3) float32 2x 72 B 24 flops",
+                        "cross_entropy () float32 2x 100 B 120 flops",
+                        "causal_attention (1, 2, 3, 4) float32 2x 120 B 288 flops",
+                        "cat (4, 3, 4) float32 1x 192 B 48 flops",
+                        "permute (4, 2, 3) float32 1x 96 B 24 flops",
+                        "reshape (6, 4) float32 1x 96 B 0 flops",
+                        "sum_dim (2, 4) float32 1x 32 B 24 flops",
+                        "mean () float32 1x 4 B 24 flops",
+                        "embedding (5, 4) float32 1x 80 B 20 flops",
+                        "dropout (2, 3, 4) float32 1x 96 B 24 flops",
+                        "add (2, 3, 4) float32 1x 96 B 24 flops",
+                    });
 }
 
 TEST_CASE("random element rule: dropout, fused attention and Generator::uniform draw the same numbers", "[core][random]") {

@@ -4,7 +4,6 @@
 // the node's backward runs the rest. Every execution of step i sees the generator state step i saw
 // in the forward pass, and replays run with is_replaying() set, as checkpoint() does.
 
-#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +17,7 @@
 #include "remat/core/autograd.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/core/memory.hpp"
+#include "remat/core/op_output.hpp"
 #include "remat/core/random.hpp"
 
 namespace remat {
@@ -31,8 +31,28 @@ struct ChainCounts {
   std::int64_t peak_snapshots = 0;
 };
 
-/// Measures each step once, recorded on a scratch tape: compute in seconds, the bytes of its
-/// input, and the bytes its tape saves. Used by policies that need costs (budget).
+namespace detail {
+
+/// Sums the work the ops of its scope report (and passes every output on to outer handlers).
+class FlopCounter final : public OpOutputHook {
+ public:
+  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
+    total += out.flops;
+    OpOutputHook::produced(out, values);
+  }
+  double total = 0;
+};
+
+}  // namespace detail
+
+/// Measures each step once, for policies that need costs (budget). Deterministic, so the same
+/// program plans the same way on every run:
+///   compute          the work its ops report (flops), not wall-clock time;
+///   state_bytes      the bytes of its input (what a snapshot of it holds);
+///   activation_bytes the most bytes saved for backward at any moment of recording the step and
+///                    running its backward — more than the tape holds at the end of its forward
+///                    when the step contains a checkpoint(), whose replay is part of reversing it.
+/// The dry-run backward gives no parameter a gradient, and the generator is put back.
 inline std::vector<StepCost> measure_steps(const std::vector<ChainStep>& steps, const Tensor& x) {
   std::vector<StepCost> costs;
   const Generator::State rng = default_generator().state();
@@ -41,12 +61,21 @@ inline std::vector<StepCost> measure_steps(const std::vector<ChainStep>& steps, 
     Tape scratch;
     TapeGuard use(scratch);
     const std::size_t before = memory_stats().saved_bytes;
-    const auto t0 = std::chrono::steady_clock::now();
+    MemoryScope scope;
     Tensor leaf = h.detach();
     leaf.requires_grad_();
-    const Tensor y = f(leaf);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    costs.push_back({secs, h.nbytes(), memory_stats().saved_bytes - before});
+    Tensor y;
+    double flops = 0;
+    {
+      detail::FlopCounter counter;
+      y = f(leaf);
+      flops = counter.total;
+    }
+    if (y.requires_grad()) {
+      ScopedValue<bool> dry_run(detail::discard_leaf_grads(), true);
+      y.backward(ones(y.shape()));
+    }
+    costs.push_back({flops, h.nbytes(), scope.peak_saved_bytes() - before});
     h = y.detach();
   }
   default_generator().set_state(rng);

@@ -68,6 +68,7 @@ struct Segment {
   std::vector<std::uint64_t> output_hashes;
   std::size_t inputs = 0;  // tensor arguments, saved first
   std::size_t kept = 0;    // selective outputs, saved after the inputs
+  std::vector<KeptOp> kept_ops;  // which op invocations they came from
 
   /// The arguments for a replay: stored non-tensor values, tensor slots filled from `inputs`.
   std::tuple<std::decay_t<Args>...> replay_args(const std::vector<Tensor>& inputs) const {
@@ -109,14 +110,14 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
 
   const bool recording = state.recording;  // false inside an enclosing segment's forward
   auto segment = std::make_shared<Seg>(Seg{Fn(std::forward<F>(fn)), std::tuple<std::decay_t<Args>...>(args...),
-                                           std::move(options), false, default_generator().state(), {}, {}, 0, 0});
+                                           std::move(options), false, default_generator().state(), {}, {}, 0, 0, {}});
   segment->check_values = segment->options.check_values || detail::checkpoint_checking_flag();
   std::vector<detail::SavedTensor> kept;
   const bool stash = recording && static_cast<bool>(segment->options.save);
   R result = [&] {
     auto not_recording = detail::scoped_recording(false);
     detail::SelectiveHook hook(stash ? detail::SelectiveHook::Mode::stash : detail::SelectiveHook::Mode::off,
-                               segment->options.save, kept, segment->options.name);
+                               segment->options.save, segment->kept_ops, kept, segment->options.name);
     return R(std::invoke(segment->fn, args...));
   }();
   if (!recording) return result;  // the enclosing segment saves the boundary; its replay runs us for real
@@ -155,9 +156,11 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     std::optional<R> replayed;
     run.record([&] {
       detail::as_replay(seg.rng, [&] {
-        detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, kept_outputs, seg.options.name);
+        detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, seg.kept_ops, kept_outputs,
+                                   seg.options.name);
         auto call_args = seg.replay_args(inputs);
         replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(seg.fn, a...)); }, call_args));
+        hook.check_all_used();
       });
     });
     std::vector<Tensor*> outs = detail::CheckpointOutputs<R>::list(*replayed);

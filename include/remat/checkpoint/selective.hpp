@@ -2,8 +2,9 @@
 // Selective checkpointing: inside a checkpoint, a save policy chooses the op outputs that are kept
 // rather than recomputed (PyTorch's selective activation checkpointing, JAX's checkpoint_dots).
 // It listens on the op-output hook of core: during the segment's forward it stashes the outputs
-// the policy keeps; during the replay it hands them back, in the same order, instead of letting
-// the ops compute them again. Any op that reports through the hook can be kept.
+// the policy keeps; during the replay it hands them back, at the same positions, instead of letting
+// the ops compute them again. Every op reports through the hook, so every op can be kept (with
+// what its backward needs: layer_norm's statistics, attention's log-sum-exp).
 
 #include <functional>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "remat/checkpoint/error.hpp"
 #include "remat/core/op_output.hpp"
+#include "remat/ops/attention.hpp"
 #include "remat/core/saved_tensor.hpp"
 #include "remat/ops/linear.hpp"
 #include "remat/ops/matmul.hpp"
@@ -50,42 +52,76 @@ inline SavePolicy ops(std::initializer_list<const char*> names) {
 /// softmax and norms are recomputed. JAX calls this checkpoint_dots.
 inline SavePolicy matmuls() { return ops(std::vector<OpId>{op::matmul, op::linear}); }
 
+/// Keep what production policies keep most: the matrix products and the fused attention (whose
+/// output and log-sum-exp are a small fraction of its cost to recompute).
+inline SavePolicy matmuls_and_attention() { return ops(std::vector<OpId>{op::matmul, op::linear, op::causal_attention}); }
+
 }  // namespace save_policy
 
 namespace detail {
 
-/// The selective-checkpointing handler of one segment, installed for a forward (stash) or a replay
-/// (reuse). It owns the op outputs of its scope: nothing reaches an enclosing segment's handler,
-/// so a nested segment's ops never touch the outer segment's stash.
+/// One op invocation whose outputs a segment's forward kept: its position among the op outputs
+/// the segment reported, which op it was, and how many tensors it made.
+struct KeptOp {
+  std::size_t position;
+  OpId op;
+  std::size_t count;
+};
+
+/// The selective-checkpointing handler of one segment, installed for its forward (stash) or its
+/// replay (reuse). It owns the op outputs of its scope: nothing reaches an enclosing segment's
+/// handler, so a nested segment's ops never touch the outer segment's stash. The replay follows
+/// the forward's decisions by position — the policy is asked once, in forward — and checks that
+/// the op at each kept position is the op the forward kept there.
 class SelectiveHook final : public OpOutputHook {
  public:
   enum class Mode { off, stash, reuse };
-  SelectiveHook(Mode mode, const SavePolicy& policy, std::vector<SavedTensor>& kept, const std::string& segment)
-      : mode_(policy ? mode : Mode::off), policy_(policy), kept_(kept), segment_(segment) {}
+  SelectiveHook(Mode mode, const SavePolicy& policy, std::vector<KeptOp>& ops, std::vector<SavedTensor>& values,
+                const std::string& segment)
+      : mode_(mode == Mode::stash && !policy ? Mode::off : mode), policy_(policy), ops_(ops), values_(values),
+        segment_(segment) {}
 
-  TensorRef reuse(const OpOutput& out) override {
-    if (mode_ != Mode::reuse || !policy_(out)) return {};
-    if (next_ >= kept_.size())
-      throw CheckpointError(fmt::format("checkpoint '{}': replay asks for a kept '{}' output beyond the {} kept in "
-                                        "forward; the segment ran different ops when replayed", segment_,
-                                        out.op.name(), kept_.size()));
-    const SavedTensor& kept = kept_[next_++];
-    if (kept.shape() != out.shape)
-      throw CheckpointError(fmt::format("checkpoint '{}': replay of '{}' expects shape {} but forward kept {}; the "
-                                        "segment ran differently when replayed", segment_, out.op.name(), out.shape,
-                                        kept.shape()));
-    return kept.ref(out.op.name());
+  std::vector<TensorRef> reuse(const OpOutput& out) override {
+    if (mode_ != Mode::reuse || next_op_ >= ops_.size() || ops_[next_op_].position != position_) return {};
+    const KeptOp& kept = ops_[next_op_];
+    if (kept.op != out.op || kept.count != out.count)
+      throw CheckpointError(fmt::format("checkpoint '{}': the replay's op #{} is '{}' (output {}), but the forward kept "
+                                        "the outputs of '{}' (output {}) there; the segment ran different ops when "
+                                        "replayed", segment_, position_, out.op.name(), out.shape, kept.op.name(),
+                                        values_[next_value_].shape()));
+    std::vector<TensorRef> refs;
+    for (std::size_t i = 0; i < kept.count; ++i) refs.push_back(values_[next_value_ + i].ref(out.op.name()));
+    if (refs[0].shape != out.shape)
+      throw CheckpointError(fmt::format("checkpoint '{}': replay of '{}' (op #{}) expects shape {} but forward kept {}; "
+                                        "the segment ran differently when replayed", segment_, out.op.name(), position_,
+                                        out.shape, refs[0].shape));
+    ++next_op_;
+    next_value_ += kept.count;
+    return refs;
   }
-  void produced(const OpOutput& out, const TensorRef& value) override {
-    if (mode_ == Mode::stash && policy_(out)) kept_.emplace_back(value);
+  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
+    if (mode_ == Mode::stash && policy_(out)) {
+      ops_.push_back({position_, out.op, values.size()});
+      for (const TensorRef& v : values) values_.emplace_back(v);
+    }
+    ++position_;
+  }
+  /// Kept positions the replay never reached: it ran fewer ops than the forward.
+  void check_all_used() const {
+    if (mode_ == Mode::reuse && next_op_ < ops_.size())
+      throw CheckpointError(fmt::format("checkpoint '{}': the forward kept the outputs of '{}' at op #{}, but the replay "
+                                        "ran only {} ops; the segment ran different ops when replayed", segment_,
+                                        ops_[next_op_].op.name(), ops_[next_op_].position, position_));
   }
 
  private:
   Mode mode_;
   const SavePolicy& policy_;
-  std::vector<SavedTensor>& kept_;
+  std::vector<KeptOp>& ops_;
+  std::vector<SavedTensor>& values_;
   const std::string& segment_;
-  std::size_t next_ = 0;
+  std::size_t position_ = 0;  // op outputs reported so far in this scope
+  std::size_t next_op_ = 0, next_value_ = 0;
 };
 
 }  // namespace detail

@@ -41,8 +41,10 @@ struct ScopePeaks {
 #endif
 
 #if defined(__SANITIZE_ADDRESS__) || REMAT_HAS_ASAN
+inline constexpr bool kRoundBlocks = false;     // exact sizes: a read past a tensor's end is caught
 inline constexpr bool kCacheByDefault = false;  // let AddressSanitizer see every free
 #else
+inline constexpr bool kRoundBlocks = true;  // whole cache lines, so cached blocks fit more requests
 inline constexpr bool kCacheByDefault = true;
 #endif
 
@@ -137,11 +139,8 @@ class MemoryLedger {
 
  private:
   static std::size_t block_size(std::size_t bytes) {
-#if defined(__SANITIZE_ADDRESS__) || REMAT_HAS_ASAN
-    return std::max<std::size_t>(1, bytes);  // no rounding: a read past the tensor's end is caught
-#else
+    if (!kRoundBlocks) return std::max<std::size_t>(1, bytes);
     return std::max<std::size_t>(kStorageAlignment, (bytes + kStorageAlignment - 1) / kStorageAlignment * kStorageAlignment);
-#endif
   }
 
   std::mutex mutex_;

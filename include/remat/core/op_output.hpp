@@ -65,12 +65,18 @@ inline OpId find_op(std::string_view name, const char* who = "find_op") {
   throw Error(fmt::format("{}: no op is named '{}'; the known ops are: {}", who, name, fmt::join(known_ops(), ", ")));
 }
 
-/// What an op reports about one output before and after computing it.
+/// What an op reports about its outputs, before computing them and after. Most ops have one
+/// output; some also produce what their backward needs (layer_norm's per-row statistics, the
+/// attention's log-sum-exp, max's indices, cross_entropy's probabilities): `count` says how many,
+/// and they travel together, so whoever keeps an op's output keeps all of it.
 struct OpOutput {
   OpId op;
-  const Shape& shape;
-  const char* dtype;
-  std::size_t bytes;
+  const Shape& shape;  ///< the op's (first) output
+  const char* dtype;   ///< its element type
+  std::size_t count;   ///< tensors the op outputs
+  std::size_t bytes;   ///< of all of them together
+  double flops;        ///< the op's estimate of its work (copies count one per element): for cost models
+  bool replaying;      ///< whether a checkpoint is replaying the op's forward now
 };
 
 /// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the
@@ -83,11 +89,14 @@ class OpOutputHook {
   OpOutputHook(const OpOutputHook&) = delete;
   OpOutputHook& operator=(const OpOutputHook&) = delete;
 
-  /// Before the op computes: a stored tensor to use as its output instead, or an undefined ref.
-  virtual detail::TensorRef reuse(const OpOutput& out) { return outer_ ? outer_->reuse(out) : detail::TensorRef{}; }
-  /// After the op computed `value`.
-  virtual void produced(const OpOutput& out, const detail::TensorRef& value) {
-    if (outer_) outer_->produced(out, value);
+  /// Before the op computes: stored tensors to use as its outputs instead (all `count` of them, in
+  /// order), or none to let it compute.
+  virtual std::vector<detail::TensorRef> reuse(const OpOutput& out) {
+    return outer_ ? outer_->reuse(out) : std::vector<detail::TensorRef>{};
+  }
+  /// After the op computed `values`, or was handed them by reuse().
+  virtual void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
+    if (outer_) outer_->produced(out, values);
   }
 
   /// The innermost handler on this thread, or null.
@@ -104,24 +113,4 @@ class OpOutputHook {
   OpOutputHook* outer_;
 };
 
-namespace detail {
-
-/// An op's output: `compute()` unless a handler supplies it; handlers see what was computed.
-/// With no handler installed this is a plain call.
-template <class T, class Compute>
-BasicTensor<T> produce(OpId op, const Shape& shape, Compute&& compute) {
-  OpOutputHook* hook = OpOutputHook::current();
-  if (!hook) return compute();
-  const OpOutput out{op, shape, dtype_name<T>(), static_cast<std::size_t>(shape.numel()) * sizeof(T)};
-  if (const TensorRef supplied = hook->reuse(out); supplied.defined()) {
-    REMAT_CHECK(supplied.shape == shape, "{}: a handler supplied an output of shape {} where shape {} is computed",
-                op.name(), supplied.shape, shape);
-    return BasicTensor<T>::from_ref(supplied, op.name());
-  }
-  BasicTensor<T> y = compute();
-  hook->produced(out, y.ref());
-  return y;
-}
-
-}  // namespace detail
 }  // namespace remat

@@ -1,7 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
@@ -16,7 +16,9 @@ inline const OpId add = register_op("add");
 /// Saves: nothing.
 template <class T>
 BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  BasicTensor<T> z = detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; });
+  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "add");
+  BasicTensor<T> z = detail::produce<T>(op::add, shape, static_cast<double>(shape.numel()),
+                                        [&] { return detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; }); });
   if (detail::grad_needed(a, b))
     detail::record<T>(op::add, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T>& dz = ctx.grad_output();

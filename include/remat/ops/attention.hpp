@@ -22,7 +22,7 @@
 #include <limits>
 
 #include "remat/core/random.hpp"
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
@@ -87,24 +87,29 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   const Generator::State rng = gen.state();
   if (p > 0) gen.set_state({rng.seed, rng.offset + detail::uniform24_blocks(static_cast<std::uint64_t>(B * H * t * t))});
 
-  BasicTensor<T> y(q.shape()), lse(Shape{B, H, t});
-  const T* pq = q.data();
-  const T* pk = k.data();
-  const T* pv = v.data();
-  T* py = y.data();
-  T* pl = lse.data();
-  parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
-    Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), mask;
-    if (p > 0) mask.resize(t, t);
-    for (std::int64_t bh = b0; bh < b1; ++bh) {
-      const std::int64_t off = bh * t * d;
-      detail::attention_probs(pq + off, pk + off, t, d, scale, probs, static_cast<const T*>(nullptr), pl + bh * t);
-      if (p > 0) {
-        detail::attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
-        probs.array() *= mask.array();
+  // The log-sum-exp per row is an output too: whoever keeps y keeps what its backward needs.
+  const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
+  auto [y, lse] = detail::produce_all<T, T>(op::causal_attention, {q.shape(), Shape{B, H, t}}, flops, [&] {
+    BasicTensor<T> out_y(q.shape()), out_lse(Shape{B, H, t});
+    const T* pq = q.data();
+    const T* pk = k.data();
+    const T* pv = v.data();
+    T* py = out_y.data();
+    T* pl = out_lse.data();
+    parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
+      Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), mask;
+      if (p > 0) mask.resize(t, t);
+      for (std::int64_t bh = b0; bh < b1; ++bh) {
+        const std::int64_t off = bh * t * d;
+        detail::attention_probs(pq + off, pk + off, t, d, scale, probs, static_cast<const T*>(nullptr), pl + bh * t);
+        if (p > 0) {
+          detail::attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+          probs.array() *= mask.array();
+        }
+        detail::MatrixMap<T>(py + off, t, d).noalias() = probs * detail::ConstMatrixMap<T>(pv + off, t, d);
       }
-      detail::MatrixMap<T>(py + off, t, d).noalias() = probs * detail::ConstMatrixMap<T>(pv + off, t, d);
-    }
+    });
+    return std::make_tuple(out_y, out_lse);
   });
 
   if (detail::grad_needed(q, k, v))

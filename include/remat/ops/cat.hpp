@@ -1,7 +1,7 @@
 #pragma once
 #include <vector>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/narrow.hpp"
 
 namespace remat {
@@ -27,14 +27,18 @@ BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
     total += s[d];
     needs_grad = needs_grad || detail::grad_needed(xs[i]);
   }
-  BasicTensor<T> y(first.with(d, total));
   std::vector<std::int64_t> offsets;
   std::int64_t at = 0;
   for (const BasicTensor<T>& x : xs) {
-    detail::copy_along(x, 0, y, at, d, x.shape()[d]);
     offsets.push_back(at);
     at += x.shape()[d];
   }
+  const Shape shape = first.with(d, total);
+  BasicTensor<T> y = detail::produce<T>(op::cat, shape, static_cast<double>(shape.numel()), [&] {
+    BasicTensor<T> joined(shape);
+    for (std::size_t i = 0; i < xs.size(); ++i) detail::copy_along(xs[i], 0, joined, offsets[i], d, xs[i].shape()[d]);
+    return joined;
+  });
   if (needs_grad) {
     std::vector<Shape> shapes;
     for (const BasicTensor<T>& x : xs) shapes.push_back(x.shape());

@@ -12,7 +12,7 @@
 #include <cmath>
 #include <limits>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 
 namespace remat {
 namespace op {
@@ -43,20 +43,24 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
                 t[i], i, c, ignore_index);
     ++counted;
   }
-  BasicTensor<T> probs(logits.shape());
-  auto z = detail::rows(logits, c);
-  auto p = detail::rows(probs, c);
-  p = (z.colwise() - z.rowwise().maxCoeff()).exp();
-  const Eigen::Array<T, Eigen::Dynamic, 1> norm = p.rowwise().sum();
-  p.colwise() /= norm;
-  T total = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (t[i] == ignore_index) continue;
-    // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
-    total += std::log(norm(i)) - (z(i, t[i]) - z.row(i).maxCoeff());
-  }
-  BasicTensor<T> loss(Shape{});
-  loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
+  auto [loss, probs] = detail::produce_all<T, T>(
+      op::cross_entropy, {Shape{}, logits.shape()}, 5.0 * static_cast<double>(logits.numel()), [&] {
+        BasicTensor<T> out_probs(logits.shape());
+        auto z = detail::rows(logits, c);
+        auto p = detail::rows(out_probs, c);
+        p = (z.colwise() - z.rowwise().maxCoeff()).exp();
+        const Eigen::Array<T, Eigen::Dynamic, 1> norm = p.rowwise().sum();
+        p.colwise() /= norm;
+        T total = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          if (t[i] == ignore_index) continue;
+          // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
+          total += std::log(norm(i)) - (z(i, t[i]) - z.row(i).maxCoeff());
+        }
+        BasicTensor<T> out_loss(Shape{});
+        out_loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
+        return std::make_tuple(out_loss, out_probs);
+      });
   if (detail::grad_needed(logits))
     detail::record<T>(op::cross_entropy, {logits}, {&loss}, {probs, targets},
                       [c, counted, ignore_index](detail::BackwardContext<T>& ctx) {

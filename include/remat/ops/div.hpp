@@ -1,7 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
@@ -18,7 +18,9 @@ inline const OpId div = register_op("div");
 /// Saves: b, and z when b needs a gradient.
 template <class T>
 BasicTensor<T> div(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  BasicTensor<T> z = detail::broadcast_apply(a, b, "div", [](const auto& x, const auto& y) { return x / y; });
+  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "div");
+  BasicTensor<T> z = detail::produce<T>(op::div, shape, static_cast<double>(shape.numel()),
+                                        [&] { return detail::broadcast_apply(a, b, "div", [](const auto& x, const auto& y) { return x / y; }); });
   if (detail::grad_needed(a, b)) {
     const bool db = b.requires_grad();
     std::vector<detail::SavedTensor> saved{b};

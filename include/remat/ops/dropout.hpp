@@ -3,7 +3,7 @@
 
 #include "remat/core/random.hpp"
 #include "remat/core/threads.hpp"
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 
 namespace remat {
 namespace op {
@@ -38,8 +38,11 @@ BasicTensor<T> dropout(const BasicTensor<T>& x, double p, bool training = true, 
   const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
   const auto pf = static_cast<float>(p);
   const std::int64_t n = x.numel();
-  BasicTensor<T> y(x.shape());
-  detail::apply_dropout_mask(x.data(), y.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
+  BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), [&] {
+    BasicTensor<T> out(x.shape());
+    detail::apply_dropout_mask(x.data(), out.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
+    return out;
+  });
   gen.set_state({gen.seed(), gen.state().offset + detail::uniform24_blocks(static_cast<std::uint64_t>(n))});
   if (detail::grad_needed(x))
     detail::record<T>(op::dropout, {x}, {&y}, {}, [at_entry, pf, p, scale, n](detail::BackwardContext<T>& ctx) {

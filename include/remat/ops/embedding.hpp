@@ -1,7 +1,7 @@
 #pragma once
 #include <cstring>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 
 namespace remat {
 namespace op {
@@ -24,11 +24,14 @@ BasicTensor<T> embedding(const LongTensor& indices, const BasicTensor<T>& weight
                 ids[i], i, indices.shape(), v);
   std::vector<std::int64_t> s = indices.shape().vec();
   s.push_back(c);
-  BasicTensor<T> y{Shape(s)};
-  const T* pw = weight.data();
-  T* py = y.data();
-  for (std::int64_t i = 0; i < indices.numel(); ++i)
-    std::memcpy(py + i * c, pw + ids[i] * c, static_cast<std::size_t>(c) * sizeof(T));
+  BasicTensor<T> y = detail::produce<T>(op::embedding, Shape(s), static_cast<double>(indices.numel() * c), [&] {
+    BasicTensor<T> rows{Shape(s)};
+    const T* pw = weight.data();
+    T* py = rows.data();
+    for (std::int64_t i = 0; i < indices.numel(); ++i)
+      std::memcpy(py + i * c, pw + ids[i] * c, static_cast<std::size_t>(c) * sizeof(T));
+    return rows;
+  });
   if (detail::grad_needed(weight))
     detail::record<T>(op::embedding, {weight}, {&y}, {indices}, [wshape = weight.shape()](detail::BackwardContext<T>& ctx) {
       const LongTensor idx = ctx.template saved<std::int64_t>(0);

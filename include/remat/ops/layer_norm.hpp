@@ -11,7 +11,7 @@
 // one pass over x but not the (rows, C) x̂ itself.
 #include <cmath>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
@@ -36,23 +36,28 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
               "layer_norm: bias has shape {}, expected ({},) for input {}", bias.shape(), c, x.shape());
   REMAT_CHECK(c > 0, "layer_norm: the normalised dim of shape {} is empty", x.shape());
   const std::int64_t n = x.numel() / c;
-  BasicTensor<T> y(x.shape()), mean(Shape{n}), rstd(Shape{n});
-  const T* px = x.data();
-  T* py = y.data();
-  T* pm = mean.data();
-  T* pr = rstd.data();
-  parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
-    const std::int64_t rows = r1 - r0;
-    detail::ConstRowArrayMap<T> in(px + r0 * c, rows, c);
-    detail::RowArrayMap<T> out(py + r0 * c, rows, c);
-    detail::ArrayMap<T> mu(pm + r0, rows), r(pr + r0, rows);
-    mu = in.rowwise().mean();
-    out = in.colwise() - mu;
-    r = ((out.square().rowwise().sum() / static_cast<T>(c)) + static_cast<T>(eps)).rsqrt();
-    out.colwise() *= r;
-    if (weight.defined()) out.rowwise() *= detail::flat(weight).transpose();
-    if (bias.defined()) out.rowwise() += detail::flat(bias).transpose();
-  });
+  // The per-row statistics are outputs too: whoever keeps y keeps what its backward needs.
+  auto [y, mean, rstd] = detail::produce_all<T, T, T>(
+      op::layer_norm, {x.shape(), Shape{n}, Shape{n}}, 8.0 * static_cast<double>(x.numel()), [&] {
+        BasicTensor<T> out_y(x.shape()), out_mean(Shape{n}), out_rstd(Shape{n});
+        const T* px = x.data();
+        T* py = out_y.data();
+        T* pm = out_mean.data();
+        T* pr = out_rstd.data();
+        parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
+          const std::int64_t rows = r1 - r0;
+          detail::ConstRowArrayMap<T> in(px + r0 * c, rows, c);
+          detail::RowArrayMap<T> out(py + r0 * c, rows, c);
+          detail::ArrayMap<T> mu(pm + r0, rows), r(pr + r0, rows);
+          mu = in.rowwise().mean();
+          out = in.colwise() - mu;
+          r = ((out.square().rowwise().sum() / static_cast<T>(c)) + static_cast<T>(eps)).rsqrt();
+          out.colwise() *= r;
+          if (weight.defined()) out.rowwise() *= detail::flat(weight).transpose();
+          if (bias.defined()) out.rowwise() += detail::flat(bias).transpose();
+        });
+        return std::make_tuple(out_y, out_mean, out_rstd);
+      });
 
   if (detail::grad_needed(x, weight, bias)) {
     std::vector<detail::SavedTensor> saved{x, mean, rstd};

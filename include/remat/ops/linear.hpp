@@ -1,7 +1,7 @@
 #pragma once
 // y = x Wᵀ + b, fused: one GEMM against W as stored (out, in), as torch.nn.functional.linear.
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 
 namespace remat {
 namespace op {
@@ -23,7 +23,8 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
               bias.shape(), out);
   std::vector<std::int64_t> s = x.shape().vec();
   s.back() = out;
-  BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), [&] {
+  const double flops = 2.0 * static_cast<double>(x.numel() / std::max<std::int64_t>(in, 1)) * static_cast<double>(in * out);
+  BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), flops, [&] {
     BasicTensor<T> result{Shape(s)};
     auto ym = detail::matrix(result, out);
     ym.noalias() = detail::matrix(x, in) * detail::matrix(weight, in).transpose();

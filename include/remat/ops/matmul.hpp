@@ -3,7 +3,7 @@
 
 #include <array>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 
 namespace remat {
@@ -65,7 +65,8 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     s.push_back(N);
     out_shape = Shape(s);
   }
-  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, [&] {
+  const double flops = 2.0 * static_cast<double>(out_shape.numel()) * static_cast<double>(K);
+  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, [&] {
     BasicTensor<T> out(out_shape);
     if (fold) {
       detail::matrix(out, N).noalias() = detail::matrix(a, K) * ConstMatrixMap<T>(b.data(), K, N);

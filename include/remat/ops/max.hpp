@@ -1,5 +1,5 @@
 #pragma once
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
@@ -22,21 +22,26 @@ MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false
   const std::int64_t outer = x.shape().outer(d), n = x.shape()[d], inner = x.shape().inner(d);
   REMAT_CHECK(n > 0, "max: dim {} of shape {} is empty; a maximum needs at least one element", dim, x.shape());
   const Shape out_shape = detail::reduced_shape(x.shape(), d, keepdim);
-  BasicTensor<T> values(out_shape);
-  LongTensor indices(out_shape);
-  const T* px = x.data();
-  T* pv = values.data();
-  std::int64_t* pi = indices.data();
-  for (std::int64_t o = 0; o < outer; ++o)
-    for (std::int64_t i = 0; i < inner; ++i) {
-      const T* col = px + o * n * inner + i;
-      std::int64_t best = 0;
-      for (std::int64_t k = 1; k < n; ++k)
-        if (col[k * inner] > col[best * inner] || (col[k * inner] != col[k * inner] && col[best * inner] == col[best * inner]))
-          best = k;  // NaN wins, as in PyTorch
-      pv[o * inner + i] = col[best * inner];
-      pi[o * inner + i] = best;
-    }
+  auto [values, indices] = detail::produce_all<T, std::int64_t>(
+      op::max_dim, {out_shape, out_shape}, static_cast<double>(x.numel()), [&] {
+        BasicTensor<T> out_values(out_shape);
+        LongTensor out_indices(out_shape);
+        const T* px = x.data();
+        T* pv = out_values.data();
+        std::int64_t* pi = out_indices.data();
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t i = 0; i < inner; ++i) {
+            const T* col = px + o * n * inner + i;
+            std::int64_t best = 0;
+            for (std::int64_t k = 1; k < n; ++k)
+              if (col[k * inner] > col[best * inner] ||
+                  (col[k * inner] != col[k * inner] && col[best * inner] == col[best * inner]))
+                best = k;  // NaN wins, as in PyTorch
+            pv[o * inner + i] = col[best * inner];
+            pi[o * inner + i] = best;
+          }
+        return std::make_tuple(out_values, out_indices);
+      });
   if (detail::grad_needed(x))
     detail::record<T>(op::max_dim, {x}, {&values}, {indices}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
       const std::int64_t outer = shape.outer(d), n = shape[d], inner = shape.inner(d);

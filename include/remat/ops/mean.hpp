@@ -1,5 +1,5 @@
 #pragma once
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
@@ -13,8 +13,11 @@ inline const OpId mean_dim = register_op("mean_dim");
 template <class T>
 BasicTensor<T> mean(const BasicTensor<T>& x) {
   REMAT_CHECK(x.numel() > 0, "mean: the tensor of shape {} has no elements", x.shape());
-  BasicTensor<T> y(Shape{});
-  y.data()[0] = detail::flat(x).mean();
+  BasicTensor<T> y = detail::produce<T>(op::mean, Shape{}, static_cast<double>(x.numel()), [&] {
+    BasicTensor<T> average(Shape{});
+    average.data()[0] = detail::flat(x).mean();
+    return average;
+  });
   if (detail::grad_needed(x))
     detail::record<T>(op::mean, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(shape);
@@ -32,7 +35,9 @@ BasicTensor<T> mean(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fa
   const std::int64_t n = x.shape()[d];
   REMAT_CHECK(n > 0, "mean: dim {} of shape {} is empty", dim, x.shape());
   const T scale = T(1) / static_cast<T>(n);
-  BasicTensor<T> y = detail::sum_over_dim(x, d, keepdim, scale);
+  BasicTensor<T> y = detail::produce<T>(op::mean_dim, detail::reduced_shape(x.shape(), d, keepdim),
+                                        static_cast<double>(x.numel()),
+                                        [&] { return detail::sum_over_dim(x, d, keepdim, scale); });
   if (detail::grad_needed(x))
     detail::record<T>(op::mean_dim, {x}, {&y}, {}, [shape = x.shape(), d, scale](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, scale));

@@ -1,7 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/unary.hpp"
 
@@ -17,7 +17,9 @@ inline const OpId mul = register_op("mul");
 template <class T>
 BasicTensor<T> mul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   auto times = [](const auto& x, const auto& y) { return x * y; };
-  BasicTensor<T> z = detail::broadcast_apply(a, b, "mul", times);
+  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "mul");
+  BasicTensor<T> z = detail::produce<T>(op::mul, shape, static_cast<double>(shape.numel()),
+                                        [&] { return detail::broadcast_apply(a, b, "mul", times); });
   if (detail::grad_needed(a, b)) {
     const bool da = a.requires_grad(), db = b.requires_grad();
     std::vector<detail::SavedTensor> saved;

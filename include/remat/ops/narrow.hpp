@@ -1,7 +1,7 @@
 #pragma once
 #include <cstring>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 
 namespace remat {
 namespace op {
@@ -37,8 +37,12 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
   REMAT_CHECK(start >= 0 && length >= 0 && start + length <= n,
               "narrow: range [{}, {}) is outside dim {} of shape {} (size {})", start, start + length, dim,
               x.shape(), n);
-  BasicTensor<T> y(x.shape().with(d, length));
-  detail::copy_along(x, start, y, 0, d, length);
+  const Shape shape = x.shape().with(d, length);
+  BasicTensor<T> y = detail::produce<T>(op::narrow, shape, static_cast<double>(shape.numel()), [&] {
+    BasicTensor<T> part(shape);
+    detail::copy_along(x, start, part, 0, d, length);
+    return part;
+  });
   if (detail::grad_needed(x))
     detail::record<T>(op::narrow, {x}, {&y}, {}, [shape = x.shape(), d, start, length](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(shape);

@@ -2,7 +2,7 @@
 #include <array>
 #include <vector>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
@@ -56,7 +56,10 @@ BasicTensor<T> permute(const BasicTensor<T>& x, const std::vector<std::int64_t>&
                 "permute: dim {} appears twice in the order given for shape {}", dims[i], x.shape());
     inverse[static_cast<std::size_t>(perm[i])] = static_cast<int>(i);
   }
-  BasicTensor<T> y = detail::permuted_copy(x, perm);
+  std::vector<std::int64_t> sizes;
+  for (int p : perm) sizes.push_back(x.shape()[p]);
+  BasicTensor<T> y = detail::produce<T>(op::permute, Shape(sizes), static_cast<double>(x.numel()),
+                                        [&] { return detail::permuted_copy(x, perm); });
   if (detail::grad_needed(x))
     detail::record<T>(op::permute, {x}, {&y}, {}, [inverse](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::permuted_copy(ctx.grad_output(), inverse));

@@ -1,7 +1,7 @@
 #pragma once
 #include <vector>
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 
 namespace remat {
 namespace op {
@@ -21,6 +21,8 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
       infer = static_cast<int>(i);
     } else {
       REMAT_CHECK(sizes[i] >= 0, "reshape: invalid size {} in [{}]", sizes[i], fmt::join(sizes, ", "));
+      REMAT_CHECK(sizes[i] == 0 || known <= Shape::kMaxNumel / sizes[i], "reshape: sizes [{}] describe too many elements",
+                  fmt::join(sizes, ", "));
       known *= sizes[i];
     }
   }
@@ -33,7 +35,7 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
   const Shape shape(sizes);
   REMAT_CHECK(shape.numel() == x.numel(), "reshape: shape {} has {} elements, the tensor of shape {} has {}",
               shape, shape.numel(), x.shape(), x.numel());
-  BasicTensor<T> y(x.storage(), shape);
+  BasicTensor<T> y = detail::produce<T>(op::reshape, shape, 0.0, [&] { return BasicTensor<T>(x.storage(), shape); });
   if (detail::grad_needed(x))
     detail::record<T>(op::reshape, {x}, {&y}, {}, [in = x.shape()](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));

@@ -9,7 +9,7 @@
 //
 // log_softmax: z_i = x_i − m − log Σ_k e^{x_k − m}, ∂z_i/∂x_j = δ_ij − y_j with y = e^z, so
 //   dx_j = dy_j − y_j Σ_i dy_i = dy_j − e^{z_j} Σ_i dy_i          Saves z (y is recomputed as e^z).
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
 
 namespace remat {
@@ -34,7 +34,7 @@ template <class T>
 BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   detail::check_last_dim(x.shape(), dim, "softmax");
   const std::int64_t c = x.size(-1);
-  BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), [&] {
     BasicTensor<T> result(x.shape());
     const T* px = x.data();
     T* py = result.data();
@@ -70,11 +70,14 @@ template <class T>
 BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   detail::check_last_dim(x.shape(), dim, "log_softmax");
   const std::int64_t c = x.size(-1);
-  BasicTensor<T> y(x.shape());
-  auto in = detail::rows(x, c);
-  auto out = detail::rows(y, c);
-  out = in.colwise() - in.rowwise().maxCoeff();
-  out.colwise() -= out.exp().rowwise().sum().log();
+  BasicTensor<T> y = detail::produce<T>(op::log_softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), [&] {
+    BasicTensor<T> result(x.shape());
+    auto in = detail::rows(x, c);
+    auto out = detail::rows(result, c);
+    out = in.colwise() - in.rowwise().maxCoeff();
+    out.colwise() -= out.exp().rowwise().sum().log();
+    return result;
+  });
   if (detail::grad_needed(x))
     detail::record<T>(op::log_softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> yv = ctx.saved(0);

@@ -1,5 +1,5 @@
 #pragma once
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
@@ -12,8 +12,11 @@ inline const OpId sum_dim = register_op("sum_dim");
 /// y = Σ x over all elements, a scalar (rank 0).  dx = dy everywhere.  Saves: nothing.
 template <class T>
 BasicTensor<T> sum(const BasicTensor<T>& x) {
-  BasicTensor<T> y(Shape{});
-  y.data()[0] = detail::flat(x).sum();
+  BasicTensor<T> y = detail::produce<T>(op::sum, Shape{}, static_cast<double>(x.numel()), [&] {
+    BasicTensor<T> total(Shape{});
+    total.data()[0] = detail::flat(x).sum();
+    return total;
+  });
   if (detail::grad_needed(x))
     detail::record<T>(op::sum, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(shape);
@@ -28,7 +31,9 @@ BasicTensor<T> sum(const BasicTensor<T>& x) {
 template <class T>
 BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false) {
   const int d = x.shape().dim(dim, "sum");
-  BasicTensor<T> y = detail::sum_over_dim(x, d, keepdim, T(1));
+  BasicTensor<T> y = detail::produce<T>(op::sum_dim, detail::reduced_shape(x.shape(), d, keepdim),
+                                        static_cast<double>(x.numel()),
+                                        [&] { return detail::sum_over_dim(x, d, keepdim, T(1)); });
   if (detail::grad_needed(x))
     detail::record<T>(op::sum_dim, {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));

@@ -2,7 +2,7 @@
 // The shared shape of element-wise unary ops: forward on Eigen arrays, one node whose backward is
 // an element-wise formula of the output gradient and either the saved output or the saved input.
 
-#include "remat/core/autograd.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
 
@@ -23,7 +23,7 @@ enum class UnarySaves { nothing, input, output };
 /// y = forward(x); dx = backward(dy) or backward(dy, saved), with saved = x or y as `Saves` says.
 template <UnarySaves Saves, class T, class Forward, class Backward>
 BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
-  BasicTensor<T> y = produce<T>(op, x.shape(), [&] {
+  BasicTensor<T> y = produce<T>(op, x.shape(), static_cast<double>(x.numel()), [&] {
     BasicTensor<T> out(x.shape());
     map_elements(out, forward, x);
     return out;

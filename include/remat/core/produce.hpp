@@ -1,0 +1,62 @@
+#pragma once
+// How an op makes its outputs: through produce(), which is a plain call when no op-output hook is
+// installed, and otherwise tells the hook what is about to be computed (it may hand back stored
+// tensors instead) and what was computed. Every op in ops/ makes its outputs this way.
+
+#include <array>
+#include <cstddef>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "remat/core/autograd.hpp"
+#include "remat/core/error.hpp"
+#include "remat/core/op_output.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat::detail {
+
+template <class... Ts, std::size_t... I>
+std::tuple<BasicTensor<Ts>...> tensors_from_refs(const std::vector<TensorRef>& refs, const char* op,
+                                                std::index_sequence<I...>) {
+  return {BasicTensor<Ts>::from_ref(refs[I], op)...};
+}
+
+/// The outputs of `op` (element types Ts..., shapes `shapes`): compute() — which returns them as a
+/// tuple — unless a handler supplies them; handlers see what was computed. `flops` is the op's
+/// estimate of its work.
+template <class... Ts, class Compute>
+std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
+                                           Compute&& compute) {
+  OpOutputHook* hook = OpOutputHook::current();
+  if (!hook) return compute();
+  constexpr std::size_t n = sizeof...(Ts);
+  const std::array<const char*, n> dtypes{dtype_name<Ts>()...};
+  const std::array<std::size_t, n> sizes{sizeof(Ts)...};
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
+  const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying()};
+  if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
+    REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
+                supplied.size(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      REMAT_CHECK(supplied[i].shape == shapes[i], "{}: a handler supplied output {} of shape {} where shape {} is computed",
+                  op.name(), i, supplied[i].shape, shapes[i]);
+    auto result = tensors_from_refs<Ts...>(supplied, op.name(), std::index_sequence_for<Ts...>{});
+    hook->produced(out, supplied);  // handlers see every output, computed or handed over
+    return result;
+  }
+  std::tuple<BasicTensor<Ts>...> result = compute();
+  std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
+  hook->produced(out, refs);
+  return result;
+}
+
+/// produce_all for an op with one output.
+template <class T, class Compute>
+BasicTensor<T> produce(OpId op, const Shape& shape, double flops, Compute&& compute) {
+  if (!OpOutputHook::current()) return compute();
+  return std::get<0>(produce_all<T>(op, {shape}, flops, [&] { return std::tuple<BasicTensor<T>>(compute()); }));
+}
+
+}  // namespace remat::detail
