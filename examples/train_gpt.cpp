@@ -3,14 +3,16 @@
 // as safetensors and prints a sample.
 //
 //   train_gpt [--data PATH] [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 16]
-//             [--steps 300] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 25]
-//             [--out gpt.safetensors] [--sample 300]
+//             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
+//             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB]
 //
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
 // under that schedule (see remat/checkpoint/schedule.hpp) and print its plan first.
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -20,6 +22,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <unistd.h>
 
 #include <remat/remat.hpp>
 
@@ -35,9 +40,10 @@ struct Options {
   std::string data = REMAT_EXAMPLE_DATA;
   std::string out = "gpt.safetensors";
   std::string policy = "none";
-  std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 300, seed = 1;
-  std::int64_t log_every = 25, sample = 300;
-  double lr = 3e-3, dropout = 0.0;
+  std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 850, seed = 1;
+  std::int64_t log_every = 50, sample = 500, top_k = 10;
+  double lr = 3e-3, dropout = 0.0, temperature = 0.8;
+  double legible_floor = 0.90;  ///< fail below this share of sampled words found in the corpus
 };
 
 Options parse(int argc, char** argv) {
@@ -84,6 +90,9 @@ Options parse(int argc, char** argv) {
   take_int("seed", o.seed);
   take_int("log-every", o.log_every);
   take_int("sample", o.sample);
+  take_int("top-k", o.top_k);
+  take_double("temperature", o.temperature);
+  take_double("legible-floor", o.legible_floor);
   take_double("lr", o.lr);
   take_double("dropout", o.dropout);
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
@@ -98,7 +107,23 @@ struct Corpus {
   std::string chars;              // id -> character
   std::vector<std::int64_t> ids;  // the text
   double unigram_entropy = 0;     // nats per character: the loss of a model that ignores context
+  std::set<std::string> words;    // its vocabulary, lower-cased
 };
+
+/// The words of `text`: maximal runs of letters, lower-cased.
+std::vector<std::string> words_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::string w;
+  for (const char ch : text + " ") {
+    if (std::isalpha(static_cast<unsigned char>(ch))) {
+      w += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    } else if (!w.empty()) {
+      out.push_back(w);
+      w.clear();
+    }
+  }
+  return out;
+}
 
 Corpus load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -117,6 +142,7 @@ Corpus load(const std::string& path) {
     ++counts[static_cast<std::size_t>(c.ids.back())];
   }
   for (double n : counts) c.unigram_entropy -= n / static_cast<double>(text.size()) * std::log(n / static_cast<double>(text.size()));
+  for (std::string& w : words_of(text)) c.words.insert(std::move(w));
   return c;
 }
 
@@ -138,6 +164,73 @@ std::pair<LongTensor, LongTensor> batch(const std::vector<std::int64_t>& ids, st
 std::string human_bytes(std::size_t b) {
   return b >= (1u << 20) ? fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20))
                          : fmt::format("{:.1f} KiB", static_cast<double>(b) / (1 << 10));
+}
+
+
+/// Mean loss over `batches` fixed batches of the held-out tenth, without recording.
+double held_out_loss(nn::GPT& model, const Corpus& c, std::size_t split, std::int64_t B, std::int64_t T, int batches) {
+  no_grad guard;
+  model.eval();
+  Generator eval_gen(99);  // the same batches every time, so the curve compares like with like
+  double total = 0;
+  for (int i = 0; i < batches; ++i) {
+    auto [x, y] = batch(c.ids, split, c.ids.size(), B, T, eval_gen);
+    total += model.loss(x, y).item() / batches;
+  }
+  model.train();
+  return total;
+}
+
+struct CurvePoint {
+  std::int64_t step;
+  double train, held_out;
+};
+
+/// The loss curve as CSV and as an SVG line plot (written by hand: no plotting dependency).
+void write_curve(const std::vector<CurvePoint>& points, double unigram, const std::string& stem) {
+  {
+    std::ofstream csv(stem + ".csv");
+    csv << "step,train_loss,held_out_loss\n";
+    for (const CurvePoint& p : points) csv << fmt::format("{},{:.5f},{:.5f}\n", p.step, p.train, p.held_out);
+  }
+  const double W = 640, H = 400, m = 56;
+  double top = unigram;
+  for (const CurvePoint& p : points) top = std::max({top, p.train, p.held_out});
+  top = std::ceil(top);
+  const double last = static_cast<double>(points.empty() ? 1 : points.back().step);
+  auto X = [&](double step) { return m + step / last * (W - 2 * m); };
+  auto Y = [&](double loss) { return H - m - loss / top * (H - 2 * m); };
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">train_gpt: loss per character (nats)</text>\n"
+      "<line x1=\"{3}\" y1=\"{4}\" x2=\"{5}\" y2=\"{4}\" stroke=\"black\"/>\n"
+      "<line x1=\"{3}\" y1=\"{4}\" x2=\"{3}\" y2=\"{3}\" stroke=\"black\"/>\n",
+      W, H, W / 2, m, H - m, W - m);
+  for (int i = 0; i <= static_cast<int>(top); ++i)
+    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", m - 6, Y(i) + 4, i);
+  for (int i = 0; i <= 4; ++i)
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.0f}</text>\n", X(last * i / 4), H - m + 18,
+                       last * i / 4);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", W / 2, H - 14);
+  svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#888\" stroke-dasharray=\"4 4\"/>"
+                     "<text x=\"{2}\" y=\"{3:.1f}\" text-anchor=\"end\" fill=\"#888\">unigram entropy {4:.2f}</text>\n",
+                     m, Y(unigram), W - m, Y(unigram) - 6, unigram);
+  const std::pair<const char*, const char*> series[] = {{"train", "#1f77b4"}, {"held-out", "#d62728"}};
+  for (int k = 0; k < 2; ++k) {
+    std::string pts;
+    for (const CurvePoint& p : points) pts += fmt::format("{:.1f},{:.1f} ", X(static_cast<double>(p.step)), Y(k ? p.held_out : p.train));
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", series[k].second, pts);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - m - 70, m + 16 * k, series[k].second,
+                       series[k].first);
+  }
+  svg += "</svg>\n";
+  std::ofstream(stem + ".svg") << svg;
+}
+
+std::string clock_text(double secs) {
+  const auto s = static_cast<long>(secs + 0.5);
+  return fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
 }  // namespace
@@ -168,6 +261,9 @@ int main(int argc, char** argv) try {
   const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, warmup, opt.steps);
 
   // One measured step in each mode, so the output shows what checkpointing buys on this model.
+  struct Measured {
+    std::size_t at_end = 0, peak = 0;
+  } measured[2];
   {
     auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
     for (const bool ck : {false, true}) {
@@ -177,6 +273,7 @@ int main(int argc, char** argv) try {
       Tensor loss = model.loss(x, y);
       const std::size_t at_end = memory_stats().saved_bytes - base;
       loss.backward();
+      measured[ck ? 1 : 0] = {at_end, scope.peak_saved_bytes() - base};
       fmt::print("{:<28} saved for backward at the end of forward {}, peak saved {}, peak tensor memory {}\n",
                  ck ? "checkpoint every block:" : "no checkpointing:", human_bytes(at_end),
                  human_bytes(scope.peak_saved_bytes() - base), human_bytes(scope.peak_bytes()));
@@ -199,11 +296,13 @@ int main(int argc, char** argv) try {
              opt.steps, opt.lr, get_num_threads(), opt.policy);
 
   using Clock = std::chrono::steady_clock;
+  const bool tty = isatty(STDOUT_FILENO) != 0;  // one updating line on a terminal, plain lines when piped
   auto window_start = Clock::now();
   const auto run_start = window_start;
   double window_loss = 0;
   std::int64_t window_steps = 0;
   double first_loss = 0, last_avg = 0;
+  std::vector<CurvePoint> curve;
   for (std::int64_t step = 0; step < opt.steps; ++step) {
     reset_peak_memory_stats();
     auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
@@ -218,44 +317,76 @@ int main(int argc, char** argv) try {
     if (step == 0) first_loss = l;
     window_loss += l;
     ++window_steps;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+    const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(opt.steps - step - 1);
     if ((step + 1) % opt.log_every == 0 || step + 1 == opt.steps) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       last_avg = window_loss / static_cast<double>(window_steps);
-      fmt::print("step {:5d}/{}  loss {:.4f}  {:7.0f} tok/s  saved for backward {}  peak {}\n", step + 1, opt.steps,
-                 last_avg, static_cast<double>(window_steps * opt.batch * opt.context) / secs,
-                 human_bytes(saved_at_forward_end), human_bytes(memory_stats().peak_bytes));
+      const double held = held_out_loss(model, corpus, split, opt.batch, opt.context, 2);
+      curve.push_back({step + 1, last_avg, held});
+      const std::string line = fmt::format(
+          "step {:5d}/{}  loss {:.4f}  held-out {:.4f}  {:7.0f} tok/s  saved for backward {}  peak {}", step + 1, opt.steps,
+          last_avg, held, static_cast<double>(window_steps * opt.batch * opt.context) / secs,
+          human_bytes(saved_at_forward_end), human_bytes(memory_stats().peak_bytes));
+      if (tty) fmt::print("\r{}  ETA {}\x1b[K", line, clock_text(eta));
+      else fmt::print("{}\n", line);
+      std::fflush(stdout);
       window_start = Clock::now();
       window_loss = 0;
       window_steps = 0;
+    } else if (tty) {
+      fmt::print("\rstep {:5d}/{}  loss {:.4f}  held-out {}  ETA {}\x1b[K", step + 1, opt.steps, l,
+                 curve.empty() ? std::string("-") : fmt::format("{:.4f}", curve.back().held_out), clock_text(eta));
+      std::fflush(stdout);
     }
   }
+  if (tty) fmt::print("\n");
   const double total_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
-
-  double held_out = 0;
-  {
-    no_grad guard;
-    model.eval();
-    Generator eval_gen(99);
-    for (int i = 0; i < 8; ++i) {
-      auto [x, y] = batch(corpus.ids, split, corpus.ids.size(), opt.batch, opt.context, eval_gen);
-      held_out += model.loss(x, y).item() / 8;
-    }
-  }
-  fmt::print("trained {} steps in {:.1f} s ({:.0f} tok/s): loss {:.3f} -> {:.3f}; held-out loss {:.3f} vs unigram "
-             "entropy {:.3f}\n", opt.steps, total_secs,
-             static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs, first_loss, last_avg, held_out,
-             corpus.unigram_entropy);
+  const double held_out = held_out_loss(model, corpus, split, opt.batch, opt.context, 8);
 
   io::save(model, opt.out);
-  fmt::print("weights saved to {}\n", opt.out);
+  std::string stem = opt.out;
+  if (const auto dot = stem.rfind(".safetensors"); dot != std::string::npos) stem.erase(dot);
+  stem += ".loss";
+  write_curve(curve, corpus.unigram_entropy, stem);
+
+  double legible = 1.0;
+  std::size_t sample_words = 0, known_words = 0;
   if (opt.sample > 0) {
     const LongTensor start = tensor<std::int64_t>({static_cast<std::int64_t>(corpus.chars.find('\n'))}, {1, 1});
-    const LongTensor out = model.generate(start, opt.sample, 0.8, 10, gen);
+    Generator sample_gen(static_cast<std::uint64_t>(opt.seed) + 1000);
+    const LongTensor out = model.generate(start, opt.sample, opt.temperature, opt.top_k, sample_gen);
     std::string text;
     for (std::int64_t id : out.to_vector()) text += corpus.chars[static_cast<std::size_t>(id)];
-    fmt::print("sample:\n{}\n", text);
+    for (const std::string& w : words_of(text)) {
+      ++sample_words;
+      known_words += corpus.words.count(w);
+    }
+    legible = sample_words ? static_cast<double>(known_words) / static_cast<double>(sample_words) : 0.0;
+    fmt::print("sample ({} characters, temperature {}, top-k {}):\n{}\n", opt.sample, opt.temperature, opt.top_k, text);
+    fmt::print("sample: {:.0f}% of words in the corpus vocabulary ({} of {}; the corpus has {} distinct words)\n",
+               100 * legible, known_words, sample_words, corpus.words.size());
   }
-  return held_out < corpus.unigram_entropy ? 0 : 1;
+
+  const double tok_s = static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs;
+  fmt::print("\n| run summary | |\n|---|---|\n");
+  fmt::print("| steps | {} (batch {} x context {}, policy {}) |\n", opt.steps, opt.batch, opt.context, opt.policy);
+  fmt::print("| time | {:.1f} s, {:.0f} tokens/s, {} threads |\n", total_secs, tok_s, get_num_threads());
+  fmt::print("| train loss | {:.3f} -> {:.3f} nats/char |\n", first_loss, last_avg);
+  fmt::print("| held-out loss | {:.3f} nats/char (unigram entropy {:.3f}) |\n", held_out, corpus.unigram_entropy);
+  if (opt.sample > 0)
+    fmt::print("| sample legibility | {:.0f}% of {} words in the corpus vocabulary (floor {:.0f}%) |\n", 100 * legible,
+               sample_words, 100 * opt.legible_floor);
+  fmt::print("| saved for backward | {} without checkpointing, {} with every block checkpointed (peak {} / {}) |\n",
+             human_bytes(measured[0].at_end), human_bytes(measured[1].at_end), human_bytes(measured[0].peak),
+             human_bytes(measured[1].peak));
+  fmt::print("| files | {} (weights), {}.csv and {}.svg (loss curve) |\n", opt.out, stem, stem);
+
+  const bool learned = held_out < corpus.unigram_entropy;
+  const bool readable = opt.sample == 0 || legible >= opt.legible_floor;
+  if (!learned) fmt::print("FAIL: the held-out loss did not beat the unigram entropy\n");
+  if (!readable) fmt::print("FAIL: the sample is below the legibility floor\n");
+  return learned && readable ? 0 : 1;
 } catch (const remat::Error& e) {
   fmt::print(stderr, "{}\n", e.what());
   return 2;
