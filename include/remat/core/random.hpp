@@ -3,6 +3,7 @@
 // Generator is (seed, offset): a snapshot is two integers, restoring it replays every number
 // exactly, and the numbers do not depend on the thread count. Checkpoint replay relies on this.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -97,14 +98,18 @@ namespace detail {
 /// Generator::uniform all call this, so they agree by construction.
 template <class F>
 void for_each_uniform24(Generator::State state, std::uint64_t first, std::uint64_t last, F f) {
-  for (std::uint64_t blk = first / 4; blk * 4 < last; ++blk) {
-    const auto bits = philox_block(state.seed, state.offset + blk);
-    for (std::uint64_t w = 0; w < 4; ++w) {
-      const std::uint64_t i = blk * 4 + w;
-      if (i < first || i >= last) continue;
-      f(i, static_cast<float>(bits[w] >> 8) * 0x1.0p-24f);
-    }
+  auto uniform = [](std::uint32_t word) { return static_cast<float>(word >> 8) * 0x1.0p-24f; };
+  std::uint64_t i = first;
+  // Whole blocks in the middle with the four words in registers; partial blocks at either end.
+  for (; i < last && i % 4 != 0; ++i) f(i, uniform(philox_block(state.seed, state.offset + i / 4)[i % 4]));
+  for (; i + 4 <= last; i += 4) {
+    const auto b = philox_block(state.seed, state.offset + i / 4);
+    f(i, uniform(b[0]));
+    f(i + 1, uniform(b[1]));
+    f(i + 2, uniform(b[2]));
+    f(i + 3, uniform(b[3]));
   }
+  for (; i < last; ++i) f(i, uniform(philox_block(state.seed, state.offset + i / 4)[i % 4]));
 }
 
 /// Blocks a draw of n float elements consumes.

@@ -39,10 +39,8 @@ template <class T>
 void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_t t, float p, T keep_scale,
                             Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& mask) {
   const auto first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
-  for_each_uniform24(state, first, last, [&](std::uint64_t i, float u) {
-    const auto local = static_cast<std::int64_t>(i - first);
-    mask(local / t, local % t) = u >= p ? keep_scale : T(0);
-  });
+  T* m = mask.data();  // row-major (T, T): element i of the draw is entry i - first
+  for_each_uniform24(state, first, last, [&](std::uint64_t i, float u) { m[i - first] = u >= p ? keep_scale : T(0); });
 }
 
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
