@@ -123,8 +123,9 @@ class BasicTensor {
   /// Same data, cut from the graph.
   BasicTensor detach() const { return BasicTensor(storage_, shape_); }
 
-  /// Backpropagates from this tensor (defined in core/autograd.hpp). Without `gradient` the tensor must hold one element (a
-  /// loss); the graph is freed as it is walked unless `retain_graph`.
+  /// Backpropagates from this tensor. Without `gradient` the tensor must hold one element (a loss);
+  /// the graph is freed as it is walked unless `retain_graph`. Defined in core/autograd.hpp (which
+  /// every op and factory header includes), so that the tensor does not include the tape.
   void backward(const BasicTensor& gradient = BasicTensor(), bool retain_graph = false) const;
   void backward(bool retain_graph) const { backward(BasicTensor(), retain_graph); }
 
