@@ -207,3 +207,39 @@ TEST_CASE("budget: a chain whose steps contain checkpoint() stays within its bud
   }
   CHECK(feasible >= 2);
 }
+
+TEST_CASE("checkpoint_sequential: retain_graph and repeated backward under every policy", "[checkpoint][chain][retain]") {
+  Generator init(8);
+  Tensor w = (randn({6, 6}, init) * 0.3f).detach().requires_grad_();
+  const ChainStep step = [&](const Tensor& h) { return tanh(matmul(dropout(h, 0.2), w)) + h; };
+  const std::vector<ChainStep> steps(7, step);
+  const Tensor data = randn({3, 6}, init);
+  auto grads = [&](const Tensor& x) { return std::make_pair(x.grad().to_vector(), w.grad().to_vector()); };
+  // The reference: the plain steps, one backward.
+  manual_seed(4);
+  Tensor x0 = data.detach().requires_grad_();
+  Tensor h = x0;
+  for (const ChainStep& s : steps) h = s(h);
+  Tensor plain_loss = sum(h);
+  plain_loss.backward(true);
+  const auto plain = grads(x0);
+  plain_loss.backward();  // a second backward accumulates onto the first
+  const auto plain_twice = grads(x0);
+  for (const Policy& p : {policy::none(), policy::uniform(2), policy::sqrt_segments(), policy::binomial(1),
+                          policy::binomial(2), policy::binomial(3)}) {
+    INFO(p.name);
+    w.zero_grad();
+    manual_seed(4);
+    Tensor x = data.detach().requires_grad_();
+    Tensor loss = sum(checkpoint_sequential(steps, x, p));
+    loss.backward(true);
+    CHECK(grads(x) == plain);
+    x.zero_grad();
+    w.zero_grad();
+    loss.backward(true);  // the same graph again
+    CHECK(grads(x) == plain);
+    loss.backward();  // accumulates on top, then frees
+    CHECK(grads(x) == plain_twice);
+    REQUIRE_ERROR(loss.backward(), "already been freed");
+  }
+}

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "remat/checkpoint/budget.hpp"
@@ -116,9 +117,15 @@ struct ChainRun {
   struct Recorded {
     std::unique_ptr<RecordedRun> run;
     Tensor input, output;
+    bool in_forward = false;  // recorded during forward (kept across backward calls under retain_graph)
   };
   std::map<std::int64_t, Recorded> recorded;
   Tensor grad;  // gradient of x_{next reversed + 1}; undefined when none arrived
+  // Under retain_graph the backward leaves the end-of-forward state as it found it: the snapshots
+  // taken and the steps recorded during forward are neither freed nor consumed, so the next
+  // backward runs the same actions again.
+  bool retaining = false;
+  std::set<std::int64_t> forward_snapshots;
   ChainCounts counts;
   std::shared_ptr<ChainCounts> report;  // where the caller reads the counts
 
@@ -145,7 +152,8 @@ struct ChainRun {
     return y;
   }
 
-  void execute(const Action& act) {
+  /// Runs one action; `forward` while the forward pass runs the schedule's first part.
+  void execute(const Action& act, bool forward) {
     using K = Action::Kind;
     const std::int64_t i = act.step;
     switch (act.kind) {
@@ -157,6 +165,7 @@ struct ChainRun {
         break;
       }
       case K::snapshot:
+        if (forward) forward_snapshots.insert(i);
         kept[i] = std::make_unique<Snapshot>(current);
         counts.peak_snapshots = std::max<std::int64_t>(counts.peak_snapshots, static_cast<std::int64_t>(kept.size()));
         break;
@@ -165,10 +174,10 @@ struct ChainRun {
         position = i;
         break;
       case K::free:
-        kept.erase(i);
+        if (!(retaining && forward_snapshots.count(i))) kept.erase(i);
         break;
       case K::record: {
-        Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor()};
+        Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor(), forward};
         if (i > 0) r.input.requires_grad_();
         else if (input_meta) r.input.set_meta(input_meta);
         r.output = r.run->record([&] { return run_step(i, r.input); });
@@ -180,9 +189,11 @@ struct ChainRun {
       }
       case K::reverse: {
         Recorded& r = recorded.at(i);
-        r.run->backward({&r.output}, {grad});  // a step that returned its input passes grad straight through
+        const bool keep = retaining && r.in_forward;
+        if (i > 0) r.input.zero_grad();  // a retained step's input still holds the last backward's gradient
+        r.run->backward({&r.output}, {grad}, keep);  // a step that returned its input passes grad straight through
         grad = i > 0 ? r.input.grad() : Tensor();  // step 0 delivered into the chain input directly
-        recorded.erase(i);
+        if (!keep) recorded.erase(i);
         break;
       }
     }
@@ -221,7 +232,7 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   run->current = x.detach();
   if (x.requires_grad()) run->input_meta = x.meta();
   run->report = counts;
-  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(run->plan.actions[a]);
+  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(run->plan.actions[a], true);
 
   Tensor out = run->current;
   bool any_grad = false;
@@ -230,11 +241,14 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   // The snapshots kept in forward are held by the run; the node saves nothing of its own.
   detail::record<float>(fmt::format("chain[{}]", policy.name), {x}, {&out}, {}, [run](detail::BackwardContext<float>& ctx) {
     run->grad = detail::copy_of(ctx.grad_output());
+    run->retaining = ctx.retain_graph();
     for (std::size_t a = run->plan.forward_actions; a < run->plan.actions.size(); ++a)
-      run->execute(run->plan.actions[a]);
+      run->execute(run->plan.actions[a], false);
     if (run->report) *run->report = run->counts;
-    run->kept.clear();
-    run->recorded.clear();
+    if (!run->retaining) {
+      run->kept.clear();
+      run->recorded.clear();
+    }
   });
   return out;
 }

@@ -60,12 +60,12 @@ class RecordedRun {
   }
 
   /// Seeds grads[i] into outputs[i] (for outputs that require grad) and backpropagates the whole
-  /// tape, freeing its activations.
-  void backward(const std::vector<Tensor*>& outputs, const std::vector<Tensor>& grads) {
+  /// tape, freeing its activations unless `retain_graph` (then it can be walked again).
+  void backward(const std::vector<Tensor*>& outputs, const std::vector<Tensor>& grads, bool retain_graph = false) {
     REMAT_ASSERT(outputs.size() == grads.size());
     for (std::size_t i = 0; i < outputs.size(); ++i)
       if (outputs[i]->requires_grad() && grads[i].defined()) accumulate_grad(*outputs[i]->meta(), copy_of(grads[i]));
-    tape_.backward(tape_.position());
+    tape_.backward(tape_.position(), 0, retain_graph);
   }
 
   const Tape& tape() const { return tape_; }

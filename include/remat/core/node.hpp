@@ -90,8 +90,12 @@ class TypedNode;
 template <class T>
 class BackwardContext {
  public:
-  BackwardContext(TypedNode<T>& node, std::vector<BasicTensor<T>>& grad_outputs)
-      : node_(node), grad_outputs_(grad_outputs) {}
+  BackwardContext(TypedNode<T>& node, std::vector<BasicTensor<T>>& grad_outputs, bool retain_graph = false)
+      : node_(node), grad_outputs_(grad_outputs), retain_graph_(retain_graph) {}
+
+  /// Whether this backward keeps the graph for another one (a node holding state of its own, such
+  /// as a chain's snapshots, must then leave that state as it found it).
+  bool retain_graph() const { return retain_graph_; }
 
   /// The gradient of output i; zeros when that output received none.
   const BasicTensor<T>& grad_output(std::size_t i = 0);
@@ -115,6 +119,7 @@ class BackwardContext {
  private:
   TypedNode<T>& node_;
   std::vector<BasicTensor<T>>& grad_outputs_;
+  bool retain_graph_;
 };
 
 template <class T>
@@ -157,7 +162,7 @@ class TypedNode final : public Node {
         if (!m->retains_grad) m->grad = BasicTensor<T>();  // consumed: free it now
       }
     }
-    BackwardContext<T> ctx(*this, grads);
+    BackwardContext<T> ctx(*this, grads, retain_graph);
     fn_(ctx);
     if (!retain_graph) release();
   }
