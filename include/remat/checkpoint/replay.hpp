@@ -8,8 +8,9 @@
 //      of the run's own, nested inside whatever is current (a checkpointed forward records
 //      nothing, but its replay must).
 //   3. RecordedRun::backward(outputs, grads): each output's gradient is seeded, the run's tape is
-//      walked backward, delivering gradients to the run's input leaves and to every parameter
-//      the segment read, and the tape's activations are freed as it goes.
+//      walked backward, delivering gradients to the run's inputs (which carry the original
+//      inputs' autograd identities, BackwardContext::as_input, so shared inputs accumulate in
+//      plain order) and to every parameter the segment read; its activations are freed as it goes.
 //
 // Because random ops draw from the restored generator state and every CPU kernel is
 // deterministic, a replay recomputes the forward's values bit for bit.
