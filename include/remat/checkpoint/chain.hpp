@@ -9,12 +9,15 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <unordered_set>
 #include <vector>
 
 #include "remat/checkpoint/budget.hpp"
+#include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
+#include "remat/checkpoint/segment_reads.hpp"
 #include "remat/core/autograd.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/core/memory.hpp"
@@ -108,6 +111,12 @@ struct ChainRun {
   std::vector<Generator::State> rng;  // each step's generator state at its first execution
   std::vector<Shape> out_shapes;      // each step's output shape at its first execution
   std::vector<std::uint64_t> out_hashes;  // and its values' hash, when check_values
+  // Early stop for recorded steps whose output only feeds their own reversal: each step's last
+  // needed op output, learnt at its first execution; and what the steps read from outside.
+  bool early_stop = true;
+  std::vector<std::ptrdiff_t> last_needed;
+  SegmentReads outside_reads;
+  std::unordered_set<std::uint64_t> outside_seen;
   std::int64_t position = 0;
   Tensor current;
   // The chain input's autograd identity (null when it needs no gradient): step 0 is recorded on
@@ -131,16 +140,38 @@ struct ChainRun {
 
   /// Step i on x: its first execution (in forward) notes the generator state and what it
   /// produced; every later execution is a replay from that state, checked against the first.
-  Tensor run_step(std::int64_t i, const Tensor& x) {
+  /// `output_unused`: only the step's own reversal follows, which reads what its ops saved and
+  /// not the output's values, so the replay may stop early.
+  Tensor run_step(std::int64_t i, const Tensor& x, bool output_unused = false) {
     const auto k = static_cast<std::size_t>(i);
     if (k == rng.size()) {
       rng.push_back(default_generator().state());
-      Tensor y = steps[k](x);
+      SegmentReads reads;
+      Tensor y;
+      {
+        // What the step's ops save depends on which inputs need a gradient: observe it as its
+        // recorded replays will run it, with the input needing one (step 0: if the chain's does).
+        Tensor in = x;
+        if (!in.requires_grad() && is_grad_enabled() && (i > 0 || input_meta)) {
+          in = x.detach();
+          in.requires_grad_();
+        }
+        SegmentReadsObserver observer(reads);
+        y = steps[k](in);
+      }
+      last_needed.push_back(reads.last_needed);
+      for (SegmentReads::Outside& o : reads.outside)
+        if (const auto s = o.storage.lock(); s && outside_seen.insert(s->serial()).second)
+          outside_reads.outside.push_back(std::move(o));
       out_shapes.push_back(y.shape());
       if (check_values) out_hashes.push_back(fingerprint(y));
       return y;
     }
-    Tensor y = as_replay(rng[k], [&] { return steps[k](x); });
+    Tensor y = as_replay(rng[k], [&] {
+      std::optional<ReplaySkipper> skipper;
+      if (output_unused && early_stop) skipper.emplace(last_needed[k]);
+      return steps[k](x);
+    });
     if (y.shape() != out_shapes[k])
       throw CheckpointError(fmt::format("{}: step {} of {} produced shape {} when replayed, but {} in forward; a step "
                                         "must compute the same thing every time it runs", name, i, steps.size(),
@@ -152,8 +183,14 @@ struct ChainRun {
     return y;
   }
 
-  /// Runs one action; `forward` while the forward pass runs the schedule's first part.
-  void execute(const Action& act, bool forward) {
+  /// Runs action a of the plan; `forward` while the forward pass runs the schedule's first part.
+  void execute(std::size_t a, bool forward) {
+    const Action& act = plan.actions[a];
+    // Snapshots and recorded inputs are held here, outside any saved list: every op computes,
+    // whatever an enclosing replay would skip. (No handler at all when none is installed: ops
+    // then make their outputs by a plain call.)
+    std::optional<ComputeAll> compute_all;
+    if (OpOutputHook::current()) compute_all.emplace();
     using K = Action::Kind;
     const std::int64_t i = act.step;
     switch (act.kind) {
@@ -180,7 +217,9 @@ struct ChainRun {
         Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor(), forward};
         if (i > 0) r.input.requires_grad_();
         else if (input_meta) r.input.set_meta(input_meta);
-        r.output = r.run->record([&] { return run_step(i, r.input); });
+        const bool unused = !forward && a + 1 < plan.actions.size() &&
+                            plan.actions[a + 1].kind == Action::Kind::reverse && plan.actions[a + 1].step == i;
+        r.output = r.run->record([&] { return run_step(i, r.input, unused); });
         current = r.output.detach();
         recorded[i] = std::move(r);
         ++position;
@@ -215,6 +254,8 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   // Without grad, or inside a checkpointed segment's forward (which records nothing and replays
   // us for real in its backward), the steps simply run.
   if (!is_grad_enabled() || !detail::autograd_state().recording) {
+    // The chain that such a replay records keeps x as its first snapshot.
+    if (is_grad_enabled()) detail::report_saved_for_backward({x});
     Tensor h = x;
     for (const ChainStep& f : steps) h = f(h);
     return h;
@@ -229,10 +270,11 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   run->plan = plan(policy, L, costs);
   run->name = fmt::format("checkpoint_sequential[{}]", policy.name);
   run->check_values = detail::checkpoint_checking_flag();
+  run->early_stop = detail::checkpoint_early_stop_flag() && !run->check_values;
   run->current = x.detach();
   if (x.requires_grad()) run->input_meta = x.meta();
   run->report = counts;
-  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(run->plan.actions[a], true);
+  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(a, true);
 
   Tensor out = run->current;
   bool any_grad = false;
@@ -240,10 +282,10 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   if (!any_grad) return out;
   // The snapshots kept in forward are held by the run; the node saves nothing of its own.
   detail::record<float>(fmt::format("chain[{}]", policy.name), {x}, {&out}, {}, [run](detail::BackwardContext<float>& ctx) {
+    run->outside_reads.check_versions(run->name);
     run->grad = detail::copy_of(ctx.grad_output());
     run->retaining = ctx.retain_graph();
-    for (std::size_t a = run->plan.forward_actions; a < run->plan.actions.size(); ++a)
-      run->execute(run->plan.actions[a], false);
+    for (std::size_t a = run->plan.forward_actions; a < run->plan.actions.size(); ++a) run->execute(a, false);
     if (run->report) *run->report = run->counts;
     if (!run->retaining) {
       run->kept.clear();

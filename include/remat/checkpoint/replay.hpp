@@ -30,9 +30,16 @@ inline bool& checkpoint_checking_flag() {
   return on;
 }
 
+/// Whether checkpoints record the op traces of forward and replay (CheckpointDebug).
+inline bool& checkpoint_debug_flag() {
+  thread_local bool on = false;
+  return on;
+}
+
 /// FNV-1a over the bytes: kernels are deterministic on the CPU, so a faithful replay reproduces
 /// every bit and any drift changes the hash.
-inline std::uint64_t fingerprint(const Tensor& t) {
+template <class T>
+std::uint64_t fingerprint(const BasicTensor<T>& t) {
   std::uint64_t h = 1469598103934665603ull;
   const auto* p = reinterpret_cast<const unsigned char*>(t.data());
   for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
@@ -84,6 +91,16 @@ namespace remat {
 class CheckpointChecking {
  public:
   explicit CheckpointChecking(bool on = true) : guard_(detail::checkpoint_checking_flag(), on) {}
+
+ private:
+  ScopedValue<bool> guard_;
+};
+
+/// RAII: every checkpoint created while it lives records the op sequence of its forward and of its
+/// replay, and a replay that differs says at which op (CheckpointOptions::debug, for all of them).
+class CheckpointDebug {
+ public:
+  explicit CheckpointDebug(bool on = true) : guard_(detail::checkpoint_debug_flag(), on) {}
 
  private:
   ScopedValue<bool> guard_;

@@ -52,6 +52,7 @@ void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
     meta->requires_grad = true;
     y->set_meta(std::move(meta));
   }
+  report_saved_for_backward(saved);
   if (!state.recording) return;
   const std::uint64_t id = state.next_node_id++;
   for (BasicTensor<T>* y : outputs) y->meta()->node_id = id;

@@ -3,6 +3,7 @@
 // saved-for-backward bytes are exact and tests can assert them to the byte.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -188,13 +189,21 @@ class MemoryScope {
 
 namespace detail {
 
+/// Serial numbers of storages, in order of creation: a storage with a serial below a mark taken
+/// when a scope began was made before it (a checkpoint tells its parameters and inputs from what
+/// its segment computed this way).
+inline std::uint64_t next_storage_serial(bool take) {
+  static std::atomic<std::uint64_t> next{1};
+  return take ? next.fetch_add(1, std::memory_order_relaxed) : next.load(std::memory_order_relaxed);
+}
+
 /// The bytes behind one or more tensors (reshape shares it). `version` counts in-place writes so a
 /// tensor saved for backward and modified afterwards is an error, not a wrong gradient; `saved_refs`
 /// counts how many saved-for-backward records hold it, so shared storage is counted as saved once.
 class Storage {
  public:
   explicit Storage(std::size_t bytes)
-      : data_(MemoryLedger::instance().allocate(bytes)), bytes_(bytes) {}
+      : data_(MemoryLedger::instance().allocate(bytes)), bytes_(bytes), serial_(next_storage_serial(true)) {}
   ~Storage() {
     if (saved_refs_ > 0) MemoryLedger::instance().remove_saved(bytes_);
     MemoryLedger::instance().deallocate(data_, bytes_);
@@ -206,6 +215,7 @@ class Storage {
   std::size_t bytes() const { return bytes_; }
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
+  std::uint64_t serial() const { return serial_; }
 
   void retain_saved() {
     if (saved_refs_++ == 0) MemoryLedger::instance().add_saved(bytes_);
@@ -217,6 +227,7 @@ class Storage {
  private:
   void* data_;
   std::size_t bytes_;
+  std::uint64_t serial_;
   std::uint64_t version_ = 0;
   int saved_refs_ = 0;
 };

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/saved_tensor.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat {
@@ -71,12 +72,13 @@ inline OpId find_op(std::string_view name, const char* who = "find_op") {
 /// and they travel together, so whoever keeps an op's output keeps all of it.
 struct OpOutput {
   OpId op;
-  const Shape& shape;  ///< the op's (first) output
+  const Shape& shape;  ///< the op's (first) output; `shapes` has all `count` of them
   const char* dtype;   ///< its element type
   std::size_t count;   ///< tensors the op outputs
   std::size_t bytes;   ///< of all of them together
   double flops;        ///< the op's estimate of its work (copies count one per element): for cost models
   bool replaying;      ///< whether a checkpoint is replaying the op's forward now
+  const Shape* shapes = nullptr;  ///< every output's shape (count of them)
 };
 
 /// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the
@@ -94,13 +96,36 @@ class OpOutputHook {
   virtual std::vector<detail::TensorRef> reuse(const OpOutput& out) {
     return outer_ ? outer_->reuse(out) : std::vector<detail::TensorRef>{};
   }
-  /// After the op computed `values`, or was handed them by reuse().
+  /// Asked when reuse() supplied nothing: true when nobody will read the op's values (a replay past
+  /// the last tensor its backward needs), so the op makes its outputs' storage without computing
+  /// them. The outputs still carry their shapes, and the op still records its node.
+  virtual bool skip(const OpOutput& out) { return outer_ ? outer_->skip(out) : false; }
+  /// After the op computed `values`, or was handed them by reuse(), or skipped them.
   virtual void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
     if (outer_) outer_->produced(out, values);
+  }
+  /// When a node is recorded (or would be, in a checkpointed forward that records none): the
+  /// tensors its backward will read. Whatever holds tensors for a backward outside a node's saved
+  /// list (a chain's snapshots) reports them here too, or a replay may skip computing them.
+  virtual void saved_for_backward(const std::vector<detail::SavedTensor>& saved) {
+    if (outer_) outer_->saved_for_backward(saved);
   }
 
   /// The innermost handler on this thread, or null.
   static OpOutputHook* current() { return top(); }
+
+  /// RAII: no handler sees anything while it lives. An op computing its outputs holds one, so an
+  /// op built from other ops is one op to every handler (positions stay those of the forward).
+  class Suspended {
+   public:
+    Suspended() : saved_(top()) { top() = nullptr; }
+    ~Suspended() { top() = saved_; }
+    Suspended(const Suspended&) = delete;
+    Suspended& operator=(const Suspended&) = delete;
+
+   private:
+    OpOutputHook* saved_;
+  };
 
  protected:
   OpOutputHook* outer() const { return outer_; }
@@ -113,4 +138,14 @@ class OpOutputHook {
   OpOutputHook* outer_;
 };
 
+namespace detail {
+
+/// Reports `saved` as read by a backward to whoever listens. record() calls it for every node (and
+/// for the node a checkpointed forward would record); so does whatever holds tensors for a backward
+/// outside a node's saved list.
+inline void report_saved_for_backward(const std::vector<SavedTensor>& saved) {
+  if (OpOutputHook* hook = OpOutputHook::current(); hook && !saved.empty()) hook->saved_for_backward(saved);
+}
+
+}  // namespace detail
 }  // namespace remat

@@ -3,7 +3,10 @@
 // installed, and otherwise tells the hook what is about to be computed (it may hand back stored
 // tensors instead) and what was computed. Every op in ops/ makes its outputs this way.
 
+#include <algorithm>
 #include <array>
+#include <limits>
+#include <type_traits>
 #include <cstddef>
 #include <tuple>
 #include <utility>
@@ -22,6 +25,19 @@ std::tuple<BasicTensor<Ts>...> tensors_from_refs(const std::vector<TensorRef>& r
   return {BasicTensor<Ts>::from_ref(refs[I], op)...};
 }
 
+template <class T>
+BasicTensor<T> unread_tensor(const Shape& shape) {
+  BasicTensor<T> t(shape);
+  if constexpr (std::is_floating_point_v<T>) std::fill_n(t.data(), t.numel(), std::numeric_limits<T>::quiet_NaN());
+  else std::fill_n(t.data(), t.numel(), T(0));
+  return t;
+}
+
+template <class... Ts, std::size_t... I>
+std::tuple<BasicTensor<Ts>...> make_unread(const std::array<Shape, sizeof...(Ts)>& shapes, std::index_sequence<I...>) {
+  return {unread_tensor<Ts>(shapes[I])...};
+}
+
 /// The outputs of `op` (element types Ts..., shapes `shapes`): compute() — which returns them as a
 /// tuple — unless a handler supplies them; handlers see what was computed. `flops` is the op's
 /// estimate of its work.
@@ -35,7 +51,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   const std::array<std::size_t, n> sizes{sizeof(Ts)...};
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
-  const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying()};
+  const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data()};
   if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
     REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
                 supplied.size(), n);
@@ -46,7 +62,18 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     hook->produced(out, supplied);  // handlers see every output, computed or handed over
     return result;
   }
-  std::tuple<BasicTensor<Ts>...> result = compute();
+  if (hook->skip(out)) {
+    // Nobody reads these values: storage of the right shapes, poisoned (NaN for floating types),
+    // so a reader that was not supposed to exist shows up instead of reading stale bytes.
+    auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
+    std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
+    hook->produced(out, refs);
+    return result;
+  }
+  std::tuple<BasicTensor<Ts>...> result = [&] {
+    OpOutputHook::Suspended quiet;
+    return compute();
+  }();
   std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
   hook->produced(out, refs);
   return result;

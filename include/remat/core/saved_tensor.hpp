@@ -41,6 +41,8 @@ class SavedTensor {
   const Shape& shape() const { return shape_; }
   const char* dtype() const { return dtype_; }
   const detail::Storage* storage() const { return storage_.get(); }
+  const std::shared_ptr<detail::Storage>& shared_storage() const { return storage_; }
+  std::uint64_t version() const { return version_; }
   std::size_t bytes() const { return storage_ ? storage_->bytes() : 0; }
 
   void retain() { storage_->retain_saved(); }

@@ -1,0 +1,89 @@
+#pragma once
+// What a checkpointed segment's backward will read, learnt while its forward runs (which records
+// no nodes, but whose ops still report what their nodes would save):
+//   - the last op output a backward reads: a replay computes up to it and no further (early stop);
+//   - the tensors made before the segment that its ops save — parameters, buffers, captured
+//     tensors — with their versions, so an in-place write to one between forward and backward is
+//     the same error it is without checkpointing, not a replay from changed values.
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "remat/core/error.hpp"
+#include "remat/core/memory.hpp"
+#include "remat/core/op_output.hpp"
+#include "remat/core/saved_tensor.hpp"
+
+namespace remat::detail {
+
+struct SegmentReads {
+  /// Position (among the op outputs the segment reports, from 0) of the last output a backward
+  /// reads; -1 when it reads none.
+  std::ptrdiff_t last_needed = -1;
+
+  struct Outside {
+    std::weak_ptr<Storage> storage;
+    Shape shape;
+    std::uint64_t version;
+  };
+  std::vector<Outside> outside;
+
+  /// A remat::Error when a tensor the segment read from outside was written in place since.
+  void check_versions(const std::string& who) const {
+    for (const Outside& o : outside) {
+      const std::shared_ptr<Storage> s = o.storage.lock();
+      REMAT_CHECK(!s || s->version() == o.version,
+                  "{}: a tensor of shape {} saved for backward was modified in place after it was saved "
+                  "(version {} now, {} when saved); its gradient would be wrong (the segment reads it, e.g. a "
+                  "parameter updated before backward)", who, o.shape, s ? s->version() : 0, o.version);
+    }
+  }
+};
+
+/// Installed for a segment's forward: counts op outputs, notes which storage each made, and reads
+/// the saved lists reported to it. It passes op outputs on (enclosing handlers count positions
+/// too) but keeps the segment's own saves to itself: the enclosing segment sees only the boundary
+/// this segment reports when it finishes, and the outside tensors it read.
+class SegmentReadsObserver final : public OpOutputHook {
+ public:
+  explicit SegmentReadsObserver(SegmentReads& reads) : reads_(reads), first_serial_(next_storage_serial(false)) {}
+
+  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
+    for (const TensorRef& v : values) made_at_[v.storage->serial()] = position_;
+    ++position_;
+    OpOutputHook::produced(out, values);
+  }
+
+  void saved_for_backward(const std::vector<SavedTensor>& saved) override {
+    std::vector<SavedTensor> from_outside;
+    for (const SavedTensor& s : saved) {
+      const Storage* storage = s.storage();
+      if (storage == nullptr) continue;
+      if (auto it = made_at_.find(storage->serial()); it != made_at_.end()) {
+        reads_.last_needed = std::max(reads_.last_needed, it->second);
+      } else if (storage->serial() >= first_serial_) {
+        // Made inside the segment but not by an op (a factory, a user's own kernel): it may
+        // depend on any output so far, so all of those are needed.
+        reads_.last_needed = std::max(reads_.last_needed, position_ - 1);
+      } else if (seen_outside_.insert(storage->serial()).second) {
+        reads_.outside.push_back({s.shared_storage(), s.shape(), s.version()});
+        from_outside.push_back(s);
+      }
+    }
+    if (!from_outside.empty()) OpOutputHook::saved_for_backward(from_outside);
+  }
+
+ private:
+  SegmentReads& reads_;
+  std::uint64_t first_serial_;
+  std::ptrdiff_t position_ = 0;
+  std::unordered_map<std::uint64_t, std::ptrdiff_t> made_at_;
+  std::unordered_set<std::uint64_t> seen_outside_;
+};
+
+}  // namespace remat::detail
