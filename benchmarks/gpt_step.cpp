@@ -2,6 +2,7 @@
 // of bytes saved for backward. Prints one JSON line for benchmarks/run.py.
 //   gpt_step --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
 //            --mode none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB --steps 5 --warmup 1
+//            --early-stop 1|0 (replays stop at the last output backward reads, or replay every op)
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -13,7 +14,7 @@ int main(int argc, char** argv) try {
   using namespace remat;
   std::map<std::string, std::string> a{{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                        {"batch", "8"},  {"vocab", "256"}, {"mode", "none"}, {"steps", "5"},
-                                       {"warmup", "1"}, {"dropout", "0.1"}};
+                                       {"warmup", "1"}, {"dropout", "0.1"}, {"early-stop", "1"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = std::string(argv[i]).substr(2);
     REMAT_CHECK(a.count(k), "gpt_step: unknown flag --{}", k);
@@ -31,11 +32,13 @@ int main(int argc, char** argv) try {
   nn::GPT model(cfg, gen);
   const std::string mode = a["mode"];
   apply_checkpointing(model, policy::parse(mode));
+  const CheckpointEarlyStop early_stop(a["early-stop"] != "0");
   optim::SGD sgd(model.parameters(), {1e-3});
   const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
   const LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
   std::vector<double> ms;
   std::size_t peak_saved = 0;
+  const auto skipped_before = early_stop_stats();
   const int warmup = std::stoi(a["warmup"]), steps = std::stoi(a["steps"]);
   for (int s = 0; s < warmup + steps; ++s) {
     const std::size_t base = memory_stats().saved_bytes;
@@ -49,8 +52,12 @@ int main(int argc, char** argv) try {
     if (s >= warmup) ms.push_back(t);
     peak_saved = std::max(peak_saved, scope.peak_saved_bytes() - base);
   }
-  fmt::print("{{\"impl\": \"remat\", \"mode\": \"{}\", \"ms\": [{:.3f}], \"saved_peak\": {}, \"threads\": {}}}\n", mode,
-             fmt::join(ms, ", "), peak_saved, get_num_threads());
+  const auto skipped = early_stop_stats();
+  const double per_step = 1.0 / (warmup + steps);
+  fmt::print("{{\"impl\": \"remat\", \"mode\": \"{}\", \"ms\": [{:.3f}], \"saved_peak\": {}, \"threads\": {}, "
+             "\"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}}}\n", mode, fmt::join(ms, ", "), peak_saved,
+             get_num_threads(), static_cast<double>(skipped.ops - skipped_before.ops) * per_step,
+             (skipped.flops - skipped_before.flops) * per_step / 1e9);
   return 0;
 } catch (const remat::Error& e) {
   fmt::print(stderr, "{}\n", e.what());

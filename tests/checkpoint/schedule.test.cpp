@@ -11,7 +11,7 @@ Plan checked_plan(const Policy& p, std::int64_t L, const std::vector<StepCost>* 
   CHECK(plan.records >= L);
   std::vector<int> reversed(static_cast<std::size_t>(L), 0);
   std::int64_t last = L;
-  for (const Action& a : plan.actions)
+  for (const Action& a : plan.materialise())
     if (a.kind == Action::Kind::reverse) {
       ++reversed[static_cast<std::size_t>(a.step)];
       CHECK(a.step == last - 1);

@@ -300,6 +300,17 @@ TEST_CASE("debug: a replay that runs other ops names the first differing op, wit
   REQUIRE_ERROR(sum(w).backward(), "same 2 ops", "values");
 }
 
+TEST_CASE("debug: a chain step whose replay differs names the step and the first differing op", "[checkpoint][debug][chain]") {
+  const ChainStep step = [](const Tensor& a) { return is_replaying() ? exp(sigmoid(a)) : exp(tanh(a)); };
+  CheckpointDebug debug;
+  Tensor x = randn({2, 2}).requires_grad_();
+  Tensor y = checkpoint_sequential(std::vector<ChainStep>(4, step), x, policy::binomial(1));
+  CHECK_NOTHROW(sum(y).backward());  // same shapes, and values are checked only when asked for
+  CheckpointChecking checking;
+  Tensor z = checkpoint_sequential(std::vector<ChainStep>(4, step), x, policy::binomial(1));
+  REQUIRE_ERROR(sum(z).backward(), "step 0 of 4", "first differ at op #0", "'tanh' -> (2, 2)", "'sigmoid' -> (2, 2)");
+}
+
 // test_autograd.py TestSelectiveActivationCheckpoint: test_policy_with_state, test_bad_inputs
 TEST_CASE("selective: the policy is asked once per op in forward, sees shapes and bytes; bad names are errors",
           "[checkpoint][selective]") {

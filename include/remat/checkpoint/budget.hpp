@@ -23,7 +23,10 @@
 // "reverse [s, t) from x_s with m bytes", which is the state of the table; its size is
 // L·(L + 1)·(M + 1)·2 entries and each entry tries O(L) splits.
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -42,9 +45,15 @@ class BudgetPlanner {
       x_.push_back(units(c.state_bytes));
       a_.push_back(units(c.activation_bytes));
     }
-    memo_.assign(static_cast<std::size_t>(L_ * (L_ + 1) * (M_ + 1) * 2), kUnknown);
+    memo_.assign(table_entries(L_, M_), kUnknown);
     choice_.assign(memo_.size(), 0);
   }
+
+  /// Entries of the table for L steps and M units: a pair s < t, a budget m ≤ M, kept or not.
+  static std::size_t table_entries(std::int64_t L, std::int64_t M) {
+    return static_cast<std::size_t>(L) * static_cast<std::size_t>(L + 1) / 2 * static_cast<std::size_t>(M + 1) * 2;
+  }
+  static constexpr std::size_t kBytesPerEntry = sizeof(double) + sizeof(std::int32_t);
 
   std::int64_t units(std::size_t bytes) const { return static_cast<std::int64_t>((bytes + unit_ - 1) / unit_); }
   std::int64_t budget_units() const { return M_; }
@@ -63,7 +72,9 @@ class BudgetPlanner {
   static constexpr double kUnknown = -1.0;
 
   std::size_t index(std::int64_t s, std::int64_t t, std::int64_t m, bool kept) const {
-    return static_cast<std::size_t>(((s * (L_ + 1) + t) * (M_ + 1) + m) * 2 + (kept ? 1 : 0));
+    // Pairs s < t ≤ L, row by row: row s starts after Σ_{r<s} (L − r) pairs.
+    const std::int64_t pair = s * (2 * L_ - s + 1) / 2 + (t - s - 1);
+    return static_cast<std::size_t>((pair * (M_ + 1) + m) * 2 + (kept ? 1 : 0));
   }
   double c(std::int64_t i) const { return costs_[static_cast<std::size_t>(i)].compute; }
   std::int64_t x(std::int64_t i) const { return x_[static_cast<std::size_t>(i)]; }
@@ -106,7 +117,7 @@ class BudgetPlanner {
         }
       }
     }
-    choice_[index(s, t, m, kept)] = pick;
+    choice_[index(s, t, m, kept)] = static_cast<std::int32_t>(pick);
     return memo = best;
   }
 
@@ -140,8 +151,77 @@ class BudgetPlanner {
   std::int64_t M_ = 0;
   std::vector<std::int64_t> x_, a_;
   std::vector<double> memo_;
-  std::vector<std::int64_t> choice_;
+  std::vector<std::int32_t> choice_;
 };
+
+
+/// The budget planner's problem after coarsening to what it solves exactly within its limits:
+/// consecutive steps grouped (a group is recorded, reversed and advanced whole, and snapshots
+/// fall on group boundaries), and the byte unit chosen so the table fits its memory cap.
+struct BudgetModel {
+  std::vector<std::int64_t> starts;  // first step of each group, then L
+  std::vector<StepCost> costs;       // per group
+  std::int64_t resolution = 0;
+  std::string note;                  // what was coarsened, for the plan; empty when exact
+
+  /// The group schedule as a step schedule.
+  Schedule expand(const Schedule& groups) const {
+    using K = Action::Kind;
+    Schedule out;
+    for (const Action& a : groups) {
+      const std::int64_t first = starts[static_cast<std::size_t>(a.step)];
+      const std::int64_t last = a.kind == K::advance ? starts[static_cast<std::size_t>(a.step + a.count)]
+                                                     : starts[static_cast<std::size_t>(a.step) + 1];
+      switch (a.kind) {
+        case K::advance: out.push_back({K::advance, first, last - first}); break;
+        case K::record:
+          for (std::int64_t i = first; i < last; ++i) out.push_back({K::record, i});
+          break;
+        case K::reverse:
+          for (std::int64_t i = last - 1; i >= first; --i) out.push_back({K::reverse, i});
+          break;
+        default: out.push_back({a.kind, first}); break;
+      }
+    }
+    return out;
+  }
+};
+
+/// Limits of the exact planner: at most `max_steps` (groups beyond), a table of at most
+/// `max_table_bytes` (a coarser byte unit beyond). Measured on this machine (benchmarks/
+/// budget_scale.cpp): 100 steps at 256 units plan in about 0.4 s with a 31 MB table.
+struct BudgetLimits {
+  std::int64_t max_steps = 100;
+  std::size_t max_table_bytes = std::size_t{48} << 20;
+};
+
+inline BudgetModel budget_model(const std::vector<StepCost>& costs, std::int64_t resolution, const BudgetLimits& limits) {
+  BudgetModel m;
+  const auto L = static_cast<std::int64_t>(costs.size());
+  const std::int64_t G = std::min(L, limits.max_steps);
+  for (std::int64_t g = 0; g <= G; ++g) m.starts.push_back(g * L / G);
+  for (std::int64_t g = 0; g < G; ++g) {
+    StepCost c{0.0, costs[static_cast<std::size_t>(m.starts[static_cast<std::size_t>(g)])].state_bytes, 0};
+    for (std::int64_t i = m.starts[static_cast<std::size_t>(g)]; i < m.starts[static_cast<std::size_t>(g) + 1]; ++i) {
+      c.compute += costs[static_cast<std::size_t>(i)].compute;
+      c.activation_bytes += costs[static_cast<std::size_t>(i)].activation_bytes;
+    }
+    m.costs.push_back(c);
+  }
+  m.resolution = resolution;
+  while (m.resolution > 16 && BudgetPlanner::table_entries(G, m.resolution) * BudgetPlanner::kBytesPerEntry > limits.max_table_bytes)
+    m.resolution = m.resolution * 3 / 4;
+  std::vector<std::string> notes;
+  if (G < L)
+    notes.push_back(fmt::format("{} steps planned as {} groups of {}-{} consecutive steps (the exact planner's limit is "
+                                "{} steps): optimal among schedules that keep states only at group boundaries",
+                                L, G, L / G, (L + G - 1) / G, limits.max_steps));
+  if (m.resolution < resolution)
+    notes.push_back(fmt::format("bytes counted in 1/{} of the budget rather than 1/{}, to keep the table within {} MB",
+                                m.resolution, resolution, limits.max_table_bytes >> 20));
+  for (const std::string& n : notes) m.note += (m.note.empty() ? "" : "; ") + n;
+  return m;
+}
 
 }  // namespace detail
 
@@ -150,24 +230,30 @@ namespace policy {
 /// The least-compute schedule whose snapshots and recorded steps never exceed `bytes`, for steps
 /// of unequal cost; needs per-step costs (given to plan(), or measured by checkpoint_sequential).
 /// A budget no schedule fits is an error that names (within 1%) the least budget that fits.
-inline Policy budget(std::size_t bytes, std::int64_t resolution = 256) {
+/// Exact up to limits.max_steps steps; longer chains are planned over groups of consecutive steps
+/// (the plan says so), so planning stays within about a second and limits.max_table_bytes.
+inline Policy budget(std::size_t bytes, std::int64_t resolution = 256, detail::BudgetLimits limits = {}) {
   REMAT_CHECK(resolution >= 1, "policy::budget: resolution must be at least 1, got {}", resolution);
-  return {fmt::format("budget:{}", bytes), true, [bytes, resolution](std::int64_t, const std::vector<StepCost>* costs) {
-            detail::BudgetPlanner planner(*costs, bytes, resolution);
+  REMAT_CHECK(limits.max_steps >= 1, "policy::budget: max_steps must be at least 1, got {}", limits.max_steps);
+  return {fmt::format("budget:{}", bytes), true,
+          [bytes, resolution, limits](std::int64_t, const std::vector<StepCost>* costs) -> std::unique_ptr<ActionStream> {
+            const detail::BudgetModel model = detail::budget_model(*costs, resolution, limits);
+            detail::BudgetPlanner planner(model.costs, bytes, model.resolution);
             const std::int64_t m = planner.budget_units();
             if (std::isinf(planner.solve(m))) {
               // Recording everything always fits Σ(a_i + x_i); bisect down to the least budget that fits.
               std::size_t lo = bytes, hi = 0;
-              for (const StepCost& c : *costs) hi += c.activation_bytes + c.state_bytes;
+              for (const StepCost& c : model.costs) hi += c.activation_bytes + c.state_bytes;
               while (hi - lo > std::max<std::size_t>(1, hi / 100)) {
                 const std::size_t mid = lo + (hi - lo) / 2;
-                detail::BudgetPlanner probe(*costs, mid, resolution);
+                detail::BudgetPlanner probe(model.costs, mid, model.resolution);
                 (std::isinf(probe.solve(probe.budget_units())) ? lo : hi) = mid;
               }
               throw Error(fmt::format("policy::budget: no schedule fits {} bytes for this chain of {} steps; the "
-                                      "least budget that fits is about {} bytes", bytes, costs->size(), hi));
+                                      "least budget that fits is about {} bytes{}", bytes, costs->size(), hi,
+                                      model.note.empty() ? "" : fmt::format(" ({})", model.note)));
             }
-            return planner.schedule(m);
+            return std::make_unique<detail::ListStream>(model.expand(planner.schedule(m)), model.note);
           }};
 }
 

@@ -18,6 +18,7 @@
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
+#include "remat/checkpoint/trace.hpp"
 #include "remat/core/autograd.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/core/memory.hpp"
@@ -114,6 +115,8 @@ struct ChainRun {
   // Early stop for recorded steps whose output only feeds their own reversal: each step's last
   // needed op output, learnt at its first execution; and what the steps read from outside.
   bool early_stop = true;
+  bool debug = false;                          // CheckpointDebug: each step's op trace, first execution
+  std::vector<std::vector<TracedOp>> traces;
   std::vector<std::ptrdiff_t> last_needed;
   SegmentReads outside_reads;
   std::unordered_set<std::uint64_t> outside_seen;
@@ -157,6 +160,8 @@ struct ChainRun {
           in.requires_grad_();
         }
         SegmentReadsObserver observer(reads);
+        std::optional<OpTrace> trace;
+        if (debug) trace.emplace(traces.emplace_back());
         y = steps[k](in);
       }
       last_needed.push_back(reads.last_needed);
@@ -167,25 +172,63 @@ struct ChainRun {
       if (check_values) out_hashes.push_back(fingerprint(y));
       return y;
     }
-    Tensor y = as_replay(rng[k], [&] {
-      std::optional<ReplaySkipper> skipper;
-      if (output_unused && early_stop) skipper.emplace(last_needed[k]);
-      return steps[k](x);
-    });
+    std::vector<TracedOp> replay_trace;
+    // Under debug, a mismatch also says where the step's replay first departed from its forward.
+    auto mismatch = [&](std::string what) {
+      if (debug) what += "\n  " + trace_difference(traces[k], replay_trace);
+      return CheckpointError(what);
+    };
+    Tensor y;
+    try {
+      y = as_replay(rng[k], [&] {
+        std::optional<ReplaySkipper> skipper;
+        if (output_unused && early_stop) skipper.emplace(last_needed[k]);
+        std::optional<OpTrace> trace;
+        if (debug) trace.emplace(replay_trace);
+        return steps[k](x);
+      });
+    } catch (const CheckpointError& e) {
+      throw mismatch(e.what());
+    }
     if (y.shape() != out_shapes[k])
-      throw CheckpointError(fmt::format("{}: step {} of {} produced shape {} when replayed, but {} in forward; a step "
-                                        "must compute the same thing every time it runs", name, i, steps.size(),
-                                        y.shape(), out_shapes[k]));
+      throw mismatch(fmt::format("{}: step {} of {} produced shape {} when replayed, but {} in forward; a step must "
+                                 "compute the same thing every time it runs", name, i, steps.size(), y.shape(),
+                                 out_shapes[k]));
     if (check_values && fingerprint(y) != out_hashes[k])
-      throw CheckpointError(fmt::format("{}: step {} of {} produced different values (shape {}) when replayed than "
-                                        "in forward; it depends on state that changed in between", name, i,
-                                        steps.size(), y.shape()));
+      throw mismatch(fmt::format("{}: step {} of {} produced different values (shape {}) when replayed than in "
+                                 "forward; it depends on state that changed in between", name, i, steps.size(),
+                                 y.shape()));
     return y;
   }
 
-  /// Runs action a of the plan; `forward` while the forward pass runs the schedule's first part.
-  void execute(std::size_t a, bool forward) {
-    const Action& act = plan.actions[a];
+  /// Runs the forward part of the plan: its first forward_actions actions.
+  void run_forward() {
+    const std::unique_ptr<ActionStream> stream = plan.stream();
+    Action act{Action::Kind::free, 0};
+    for (std::size_t a = 0; a < plan.forward_actions; ++a) {
+      REMAT_ASSERT(stream->next(act));
+      execute(act, nullptr, true);
+    }
+  }
+
+  /// Runs the rest of the plan, streamed afresh (so a retained graph can run it again), looking
+  /// one action ahead: a record followed by its own reverse may stop its replay early.
+  void run_backward() {
+    const std::unique_ptr<ActionStream> stream = plan.stream();
+    Action act{Action::Kind::free, 0}, ahead{Action::Kind::free, 0};
+    for (std::size_t a = 0; a < plan.forward_actions; ++a) REMAT_ASSERT(stream->next(act));
+    bool have = stream->next(act);
+    while (have) {
+      const bool have_ahead = stream->next(ahead);
+      execute(act, have_ahead ? &ahead : nullptr, false);
+      act = ahead;
+      have = have_ahead;
+    }
+  }
+
+  /// Runs one action; `next` is the action after it when known, `forward` while the forward
+  /// pass runs the schedule's first part.
+  void execute(const Action& act, const Action* next, bool forward) {
     // Snapshots and recorded inputs are held here, outside any saved list: every op computes,
     // whatever an enclosing replay would skip. (No handler at all when none is installed: ops
     // then make their outputs by a plain call.)
@@ -196,9 +239,11 @@ struct ChainRun {
     switch (act.kind) {
       case K::advance: {
         auto not_recording = scoped_recording(false);
-        current = run_step(i, current).detach();
-        ++position;
-        ++counts.advances;
+        for (std::int64_t j = i; j < i + act.count; ++j) {
+          current = run_step(j, current).detach();
+          ++position;
+          ++counts.advances;
+        }
         break;
       }
       case K::snapshot:
@@ -217,8 +262,7 @@ struct ChainRun {
         Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor(), forward};
         if (i > 0) r.input.requires_grad_();
         else if (input_meta) r.input.set_meta(input_meta);
-        const bool unused = !forward && a + 1 < plan.actions.size() &&
-                            plan.actions[a + 1].kind == Action::Kind::reverse && plan.actions[a + 1].step == i;
+        const bool unused = !forward && next && next->kind == Action::Kind::reverse && next->step == i;
         r.output = r.run->record([&] { return run_step(i, r.input, unused); });
         current = r.output.detach();
         recorded[i] = std::move(r);
@@ -271,10 +315,11 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   run->name = fmt::format("checkpoint_sequential[{}]", policy.name);
   run->check_values = detail::checkpoint_checking_flag();
   run->early_stop = detail::checkpoint_early_stop_flag() && !run->check_values;
+  run->debug = detail::checkpoint_debug_flag();
   run->current = x.detach();
   if (x.requires_grad()) run->input_meta = x.meta();
   run->report = counts;
-  for (std::size_t a = 0; a < run->plan.forward_actions; ++a) run->execute(a, true);
+  run->run_forward();
 
   Tensor out = run->current;
   bool any_grad = false;
@@ -285,7 +330,7 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
     run->outside_reads.check_versions(run->name);
     run->grad = detail::copy_of(ctx.grad_output());
     run->retaining = ctx.retain_graph();
-    for (std::size_t a = run->plan.forward_actions; a < run->plan.actions.size(); ++a) run->execute(a, false);
+    run->run_backward();
     if (run->report) *run->report = run->counts;
     if (!run->retaining) {
       run->kept.clear();

@@ -1,13 +1,16 @@
 #pragma once
 // Schedules for chains x_{i+1} = f_i(x_i), i = 0..L-1. A policy is a pure function from the chain
-// length (and, for budget, per-step costs) to a schedule: a list of actions that one executor
-// (chain.hpp) runs. Being pure, policies are tested without tensors.
+// length (and, for budget, per-step costs) to a schedule: a stream of actions that one executor
+// (chain.hpp) runs as they come. Streams hold state that does not grow with the chain (binomial:
+// O(s) frames; uniform, sqrt, none: a few counters), so nothing proportional to L or to the
+// number of actions is ever held. Being pure, policies are tested without tensors.
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +34,8 @@ struct Action {
   };
   Kind kind;
   std::int64_t step;
-  bool operator==(const Action& o) const { return kind == o.kind && step == o.step; }
+  std::int64_t count = 1;  ///< advance only: steps step .. step + count - 1, in one action
+  bool operator==(const Action& o) const { return kind == o.kind && step == o.step && count == o.count; }
 };
 
 /// What a step costs: compute (any unit, e.g. seconds or FLOPs), the bytes of its input state
@@ -44,11 +48,66 @@ struct StepCost {
 
 using Schedule = std::vector<Action>;
 
+/// A schedule produced one action at a time.
+class ActionStream {
+ public:
+  virtual ~ActionStream() = default;
+  /// Writes the next action to `out`; false at the end of the schedule.
+  virtual bool next(Action& out) = 0;
+  /// Writes up to n next actions to out and returns how many (fewer only at the end): one call
+  /// per batch rather than per action, for consumers of long schedules.
+  virtual std::size_t next(Action* out, std::size_t n) {
+    std::size_t k = 0;
+    while (k < n && next(out[k])) ++k;
+    return k;
+  }
+  /// What the policy simplified to make this schedule (empty when nothing): shown by the plan.
+  virtual std::string note() const { return {}; }
+};
+
+namespace detail {
+
+/// A stream over a list made in advance (for policies that solve for the whole schedule at once).
+class ListStream final : public ActionStream {
+ public:
+  explicit ListStream(Schedule actions, std::string note = {}) : actions_(std::move(actions)), note_(std::move(note)) {}
+  std::string note() const override { return note_; }
+  bool next(Action& out) override {
+    if (next_ == actions_.size()) return false;
+    out = actions_[next_++];
+    return true;
+  }
+
+ private:
+  Schedule actions_;
+  std::string note_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace detail
+
+/// The whole schedule as a list, each advance of several steps split into single steps: for
+/// tests and small chains (a list of F(L, s) actions is exactly what streams avoid holding).
+inline Schedule materialise(ActionStream& stream) {
+  Schedule out;
+  Action a{Action::Kind::free, 0};
+  while (stream.next(a)) {
+    if (a.kind == Action::Kind::advance) {
+      for (std::int64_t i = 0; i < a.count; ++i) out.push_back({Action::Kind::advance, a.step + i});
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
 /// A schedule with what running it will do, readable before any run.
 struct Plan {
   std::string policy;
   std::int64_t steps = 0;
-  Schedule actions;
+  /// A fresh stream of the plan's actions (each call starts from the beginning).
+  std::function<std::unique_ptr<ActionStream>()> stream;
+  std::size_t actions = 0;            ///< actions in the stream (an advance of several steps is one)
   std::size_t forward_actions = 0;    ///< actions run during the forward pass (up to recording f_{L-1})
   std::int64_t advances = 0;          ///< non-recording step executions
   std::int64_t records = 0;           ///< recorded step executions
@@ -58,7 +117,13 @@ struct Plan {
   std::size_t peak_bytes = 0;         ///< predicted peak of snapshot + recorded bytes (needs costs)
   std::size_t forward_end_bytes = 0;  ///< predicted bytes held at the end of forward (needs costs)
   double compute = 0;                 ///< predicted compute of advances + records (needs costs)
+  std::string note;                   ///< what the policy simplified (e.g. steps planned in groups)
 
+  /// The actions as a list (advances split into single steps): small chains and tests only.
+  Schedule materialise() const {
+    auto s = stream();
+    return remat::materialise(*s);
+  }
   std::string str() const;
 };
 
@@ -107,7 +172,7 @@ inline std::uint64_t beta(std::int64_t s, std::int64_t r) {
 //   F(l, s) = r·l − β(s + 1, r − 1),
 // i.e. every step runs r times except for β(s + 1, r − 1) executions that the slack between l and
 // β(s, r) saves. The split cost m + F(l − m, s − 1) + F(m, s) is convex in m (F is convex in l),
-// so binomial_reverse finds the optimal m by bisection on its slope, and the tests check that the
+// so the smallest optimal m is well defined; binomial_split gives it in closed form, and the tests check that the
 // emitted schedule's advance count equals the closed form for every l ≤ 200, s ≤ 12.
 
 /// Griewank's minimum number of non-recording step executions to reverse l steps with s
@@ -122,100 +187,257 @@ inline std::int64_t binomial_min_advances(std::int64_t l, std::int64_t s) {
 
 namespace detail {
 
-/// Appends the binomial (Revolve) reversal of steps [start, end) with s snapshots, x_start being
-/// held in one of them and the position at start. Split at m minimising m + F(l-m, s-1) + F(m, s),
-/// which is convex in m, so a binary search on its slope finds it.
-inline void binomial_reverse(std::int64_t start, std::int64_t end, std::int64_t s, Schedule& out) {
-  using K = Action::Kind;
-  const std::int64_t l = end - start;
-  if (l == 1) {
-    out.push_back({K::record, start});
-    out.push_back({K::reverse, start});
-    return;
+/// The least r with β(s, r) ≥ l: how often the busiest step runs when s slots reverse l steps.
+inline std::int64_t binomial_repetitions(std::int64_t l, std::int64_t s) {
+  std::int64_t r = 0;
+  std::uint64_t b = 1;  // β(s, r), stepped as β(s, r) = β(s, r − 1)·(s + r)/r (exact: a binomial)
+  while (b < static_cast<std::uint64_t>(l)) {
+    ++r;
+    const std::uint64_t f = static_cast<std::uint64_t>(s + r);
+    if (b > std::numeric_limits<std::uint64_t>::max() / f) return r;  // β(s, r) ≥ 2^64 / (s + r) > any l
+    b = b * f / static_cast<std::uint64_t>(r);
   }
-  if (s == 1) {
-    for (std::int64_t j = end - 1; j >= start; --j) {
-      if (j != end - 1) out.push_back({K::restore, start});
-      for (std::int64_t i = start; i < j; ++i) out.push_back({K::advance, i});
-      out.push_back({K::record, j});
-      out.push_back({K::reverse, j});
-    }
-    return;
-  }
-  auto cost = [&](std::int64_t m) { return m + binomial_min_advances(l - m, s - 1) + binomial_min_advances(m, s); };
-  std::int64_t lo = 1, hi = l - 1;  // smallest m with cost(m + 1) >= cost(m)
-  while (lo < hi) {
-    const std::int64_t mid = (lo + hi) / 2;
-    if (cost(mid + 1) >= cost(mid)) hi = mid;
-    else lo = mid + 1;
-  }
-  const std::int64_t m = lo;
-  for (std::int64_t i = start; i < start + m; ++i) out.push_back({K::advance, i});
-  out.push_back({K::snapshot, start + m});
-  binomial_reverse(start + m, end, s - 1, out);
-  out.push_back({K::free, start + m});
-  out.push_back({K::restore, start});
-  binomial_reverse(start, start + m, s, out);
+  return r;
 }
+
+/// β(s', r') for every s' ≤ s and r' ≤ r: a split only ever needs these, since r never grows
+/// down the recursion (the suffix keeps at most r repetitions, the prefix at most r − 1). With
+/// C(s + r, s) ≈ l, (s + 1)(r + 1) entries is a few hundred for the usual s (s = 20, l = 10^6: r = 6).
+class BinomialTable {
+ public:
+  BinomialTable(std::int64_t s, std::int64_t r) : r_(r) {
+    table_.resize(static_cast<std::size_t>((s + 1) * (r + 1)));
+    for (std::int64_t i = 0; i <= s; ++i)
+      for (std::int64_t j = 0; j <= r; ++j) table_[static_cast<std::size_t>(i * (r + 1) + j)] = beta(i, j);
+  }
+  /// β(s, r), 0 for r < 0.
+  std::uint64_t operator()(std::int64_t s, std::int64_t r) const {
+    return r < 0 ? 0 : table_[static_cast<std::size_t>(s * (r_ + 1) + r)];
+  }
+  /// The least r' ≤ r with β(s, r') ≥ l, given that β(s, r) ≥ l.
+  std::int64_t repetitions(std::int64_t l, std::int64_t s, std::int64_t r) const {
+    while (r > 0 && (*this)(s, r - 1) >= static_cast<std::uint64_t>(l)) --r;
+    return r;
+  }
+
+ private:
+  std::int64_t r_;
+  std::vector<std::uint64_t> table_;
+};
+
+/// Where the binomial reversal of l steps with s > 1 slots places its first snapshot: the
+/// smallest m minimising m + F(l − m, s − 1) + F(m, s). With r = binomial_repetitions(l, s), the
+/// prefix [0, m) must be reversible with r − 1 repetitions and s slots and the suffix with r and
+/// s − 1, and the smallest such m is
+///   m = max(1, β(s, r − 2), l − β(s − 1, r))
+/// — equal to the bisection on the (convex) split cost for every l < 1500, s ≤ 12, and the tests
+/// check the schedules it makes against that search action for action. A closed form: no search,
+/// which is what lets a million-step schedule stream in milliseconds.
+inline std::int64_t binomial_split(std::int64_t l, std::int64_t s, std::int64_t r, const BinomialTable& beta_of) {
+  const auto cap = [&](std::uint64_t v) { return static_cast<std::int64_t>(std::min<std::uint64_t>(v, static_cast<std::uint64_t>(l))); };
+  return std::max<std::int64_t>({1, cap(beta_of(s, r - 2)), l - cap(beta_of(s - 1, r))});
+}
+
+/// The binomial (Revolve) schedule as a stream: the recursion
+///   reverse(start, end, s): advance to start + m, snapshot it, reverse(start + m, end, s − 1),
+///                           free it, restore start, reverse(start, start + m, s)
+/// run on an explicit stack. The second call is a tail call (the frame is reused), so the stack
+/// holds at most s frames: O(s) state for any chain length.
+class BinomialStream final : public ActionStream {
+ public:
+  BinomialStream(std::int64_t L, std::int64_t s)
+      : L_(L), s_(s), r_(s > 1 ? binomial_repetitions(L, s) : 0), beta_(s > 1 ? s : 0, r_) {
+    stack_.reserve(static_cast<std::size_t>(std::min(s, L)) + 1);  // the deepest the recursion goes
+  }
+
+  bool next(Action& out) override {
+    if (buffered_ == used_) {
+      buffered_ = emit(buffer_.data());
+      used_ = 0;
+      if (buffered_ == 0) return false;
+    }
+    out = buffer_[used_++];
+    return true;
+  }
+  std::size_t next(Action* out, std::size_t n) override {
+    std::size_t k = 0;
+    while (k < n && used_ < buffered_) out[k++] = buffer_[used_++];
+    while (n - k >= kBurst) {
+      const std::size_t got = emit(out + k);
+      if (got == 0) return k;
+      k += got;
+    }
+    while (k < n && next(out[k])) ++k;
+    return k;
+  }
+
+ private:
+  static constexpr std::size_t kBurst = 4;  // the most actions one emit() writes
+
+  struct Frame {
+    std::int64_t start, end, s;
+    std::int64_t r = 0;  // repetitions (s > 1)
+    std::int64_t m = 0;  // the split, once chosen
+    std::int64_t j = 0;  // s == 1: the step being reached
+    int phase = 0;
+  };
+
+  void push(std::int64_t start, std::int64_t end, std::int64_t s, std::int64_t r) {
+    stack_.push_back(Frame{start, end, s, r, 0, end - 1, 0});
+  }
+
+  /// Writes the next one to kBurst actions (a run the recursion always emits together); 0 at the end.
+  std::size_t emit(Action* out) {
+    using K = Action::Kind;
+    if (stack_.empty()) {
+      if (stage_ == 0) {
+        stage_ = 1;
+        push(0, L_, s_, r_);
+        out[0] = {K::snapshot, 0};
+        return 1;
+      }
+      if (stage_ == 1) {
+        stage_ = 2;
+        out[0] = {K::free, 0};
+        return 1;
+      }
+      return 0;
+    }
+    Frame& f = stack_.back();
+    if (f.end - f.start == 1) {  // record and reverse the one step
+      out[0] = {K::record, f.start};
+      out[1] = {K::reverse, f.start};
+      stack_.pop_back();
+      return 2;
+    }
+    if (f.s == 1) {  // only x_start kept: reach each step j from it, newest first
+      std::size_t k = 0;
+      if (f.j != f.end - 1) out[k++] = {K::restore, f.start};
+      if (f.j > f.start) out[k++] = {K::advance, f.start, f.j - f.start};
+      out[k++] = {K::record, f.j};
+      out[k++] = {K::reverse, f.j};
+      if (f.j == f.start) stack_.pop_back();
+      else --f.j;
+      return k;
+    }
+    if (f.phase == 0) {  // advance to the split and keep it
+      f.m = binomial_split(f.end - f.start, f.s, f.r, beta_);
+      const std::int64_t child = f.start + f.m;
+      out[0] = {K::advance, f.start, f.m};
+      out[1] = {K::snapshot, child};
+      f.phase = 1;
+      if (f.end - child == 1) {  // a one-step suffix: recorded and reversed here, no frame
+        out[2] = {K::record, child};
+        out[3] = {K::reverse, child};
+        return 4;
+      }
+      const std::int64_t end = f.end, s = f.s - 1, r = beta_.repetitions(end - child, s, f.r);
+      push(child, end, s, r);  // f is not used after this (push may move it)
+      return 2;
+    }
+    // The suffix is reversed: drop its snapshot, go back to start, and reverse the prefix
+    // [start, start + m) with all s slots — a tail call, reusing the frame.
+    out[0] = {K::free, f.start + f.m};
+    out[1] = {K::restore, f.start};
+    f.end = f.start + f.m;
+    f.r = f.r > 0 ? beta_.repetitions(f.m, f.s, f.r - 1) : 0;
+    f.j = f.end - 1;
+    f.m = 0;
+    f.phase = 0;
+    return 2;
+  }
+
+  std::int64_t L_, s_, r_;
+  BinomialTable beta_;
+  int stage_ = 0;  // 0: before the first snapshot, 1: reversing, 2: after the final free
+  std::vector<Frame> stack_;
+  std::array<Action, kBurst> buffer_{};
+  std::size_t buffered_ = 0, used_ = 0;
+};
 
 /// Runs the bookkeeping of a schedule: checks it is well-formed (every step recorded then
 /// reversed exactly once, newest first; restores and frees of kept states only; the forward
-/// phase ends by recording f_{L-1}) and fills the plan's counts and, with costs, its bytes.
-inline Plan analyse(std::string policy, std::int64_t L, Schedule actions, const std::vector<StepCost>* costs) {
+/// phase ends by recording f_{L-1}) and fills the plan's counts and, with costs, its bytes. One
+/// pass over the stream; it holds the kept and recorded sets, never the actions.
+inline Plan analyse(std::string policy, std::int64_t L, std::function<std::unique_ptr<ActionStream>()> make_stream,
+                    const std::vector<StepCost>* costs) {
   using K = Action::Kind;
   Plan p;
   p.policy = std::move(policy);
   p.steps = L;
-  p.actions = std::move(actions);
   p.has_costs = costs != nullptr;
   std::int64_t pos = 0, next_reverse = L - 1;
-  std::map<std::int64_t, std::size_t> kept;        // snapshot position -> bytes
-  std::map<std::int64_t, std::size_t> recorded;    // step -> bytes
+  // Kept snapshots and recorded steps, with their bytes. Schedules use them last-in first-out
+  // (restore and free the newest snapshot, reverse the newest record), so searches start at the
+  // back and are O(1) in practice; no allocation per action.
+  std::vector<std::pair<std::int64_t, std::size_t>> kept, recorded;
+  auto find = [](std::vector<std::pair<std::int64_t, std::size_t>>& v, std::int64_t i) {
+    for (std::size_t k = v.size(); k-- > 0;)
+      if (v[k].first == i) return static_cast<std::ptrdiff_t>(k);
+    return std::ptrdiff_t{-1};
+  };
   std::size_t bytes = 0;
   bool forward_done = false;
   auto state = [&](std::int64_t i) { return costs && i < L ? (*costs)[static_cast<std::size_t>(i)].state_bytes : 0; };
-  for (std::size_t a = 0; a < p.actions.size(); ++a) {
-    const Action act = p.actions[a];
+  const std::unique_ptr<ActionStream> stream = make_stream();
+  std::array<Action, 256> batch;
+  std::size_t a = 0, got = 0;
+  for (std::size_t b = 0;; ++a, ++b) {
+    if (b == got) {
+      got = stream->next(batch.data(), batch.size());
+      b = 0;
+      if (got == 0) break;
+    }
+    const Action& act = batch[b];
     const std::int64_t i = act.step;
     REMAT_CHECK(i >= 0 && i <= L, "schedule: action {} names step {} of a chain of {}", a, i, L);
     switch (act.kind) {
       case K::advance:
-        REMAT_CHECK(pos == i && i < L, "schedule: action {} advances step {} from position {}", a, i, pos);
-        ++pos;
-        ++p.advances;
-        if (costs) p.compute += (*costs)[static_cast<std::size_t>(i)].compute;
+        REMAT_CHECK(pos == i && act.count >= 1 && i + act.count <= L, "schedule: action {} advances steps {}..{} from position {}",
+                    a, i, i + act.count - 1, pos);
+        pos += act.count;
+        p.advances += act.count;
+        if (costs)
+          for (std::int64_t k = i; k < i + act.count; ++k) p.compute += (*costs)[static_cast<std::size_t>(k)].compute;
         break;
       case K::snapshot:
-        REMAT_CHECK(pos == i && !kept.count(i), "schedule: action {} snapshots x_{} at position {}", a, i, pos);
-        kept[i] = state(i);
-        bytes += kept[i];
+        REMAT_CHECK(pos == i && find(kept, i) < 0, "schedule: action {} snapshots x_{} at position {}", a, i, pos);
+        kept.emplace_back(i, state(i));
+        bytes += kept.back().second;
         break;
       case K::restore:
-        REMAT_CHECK(kept.count(i), "schedule: action {} restores x_{}, which is not kept", a, i);
+        REMAT_CHECK(find(kept, i) >= 0, "schedule: action {} restores x_{}, which is not kept", a, i);
+        REMAT_CHECK(forward_done, "schedule: the forward phase (up to recording the last step) must not restore");
         pos = i;
         break;
-      case K::free:
-        REMAT_CHECK(kept.count(i), "schedule: action {} frees x_{}, which is not kept", a, i);
-        bytes -= kept[i];
-        kept.erase(i);
+      case K::free: {
+        const std::ptrdiff_t k = find(kept, i);
+        REMAT_CHECK(k >= 0, "schedule: action {} frees x_{}, which is not kept", a, i);
+        bytes -= kept[static_cast<std::size_t>(k)].second;
+        kept.erase(kept.begin() + k);
         break;
+      }
       case K::record: {
-        REMAT_CHECK(pos == i && i < L && !recorded.count(i), "schedule: action {} records step {} at position {}", a, i, pos);
+        REMAT_CHECK(pos == i && i < L && find(recorded, i) < 0, "schedule: action {} records step {} at position {}", a,
+                    i, pos);
         const std::size_t b = costs ? (*costs)[static_cast<std::size_t>(i)].activation_bytes : 0;
-        recorded[i] = b;
+        recorded.emplace_back(i, b);
         bytes += b;
         ++pos;
         ++p.records;
         if (costs) p.compute += (*costs)[static_cast<std::size_t>(i)].compute;
         break;
       }
-      case K::reverse:
-        REMAT_CHECK(i == next_reverse && recorded.count(i),
+      case K::reverse: {
+        REMAT_CHECK(forward_done, "schedule: the forward phase (up to recording the last step) must not reverse");
+        const std::ptrdiff_t k = find(recorded, i);
+        REMAT_CHECK(i == next_reverse && k >= 0,
                     "schedule: action {} reverses step {}, but step {} is next and must be recorded", a, i, next_reverse);
-        bytes -= recorded[i];
-        recorded.erase(i);
+        bytes -= recorded[static_cast<std::size_t>(k)].second;
+        recorded.erase(recorded.begin() + k);
         --next_reverse;
         break;
+      }
     }
     p.peak_snapshots = std::max<std::int64_t>(p.peak_snapshots, static_cast<std::int64_t>(kept.size()));
     p.peak_recorded = std::max<std::int64_t>(p.peak_recorded, static_cast<std::int64_t>(recorded.size()));
@@ -227,9 +449,8 @@ inline Plan analyse(std::string policy, std::int64_t L, Schedule actions, const 
     }
   }
   REMAT_CHECK(forward_done && next_reverse == -1, "schedule: not every step was reversed ({} left)", next_reverse + 1);
-  for (std::size_t a = 0; a < p.forward_actions; ++a)
-    REMAT_CHECK(p.actions[a].kind != K::reverse && p.actions[a].kind != K::restore,
-                "schedule: the forward phase (up to recording the last step) must not restore or reverse");
+  p.actions = a;
+  p.stream = std::move(make_stream);
   return p;
 }
 
@@ -239,18 +460,122 @@ inline Plan analyse(std::string policy, std::int64_t L, Schedule actions, const 
 struct Policy {
   std::string name;
   bool needs_costs = false;
-  std::function<Schedule(std::int64_t L, const std::vector<StepCost>* costs)> make;
+  std::function<std::unique_ptr<ActionStream>(std::int64_t L, const std::vector<StepCost>* costs)> stream;
 };
+
+namespace detail {
+
+/// none: record every step, then reverse them all.
+class RecordAllStream final : public ActionStream {
+ public:
+  explicit RecordAllStream(std::int64_t L) : L_(L) {}
+  bool next(Action& out) override {
+    if (i_ < L_) out = {Action::Kind::record, i_};
+    else if (i_ < 2 * L_) out = {Action::Kind::reverse, 2 * L_ - 1 - i_};
+    else return false;
+    ++i_;
+    return true;
+  }
+
+ private:
+  std::int64_t L_, i_ = 0;
+};
+
+/// uniform:k — forward: snapshot each segment's start and advance through it, record the last
+/// segment; backward: reverse it, then for each earlier segment restore, record, reverse, free.
+class UniformStream final : public ActionStream {
+ public:
+  UniformStream(std::int64_t L, std::int64_t k) : L_(L), k_(k), last_(((L - 1) / k) * k) {}
+  bool next(Action& out) override {
+    using K = Action::Kind;
+    switch (phase_) {
+      case 0:  // forward: segments before the last, each a snapshot and one advance of k steps
+        if (b_ < last_) {
+          if (!half_) {
+            half_ = true;
+            out = {K::snapshot, b_};
+          } else {
+            half_ = false;
+            out = {K::advance, b_, k_};
+            b_ += k_;
+          }
+          return true;
+        }
+        phase_ = 1;
+        i_ = last_;
+        [[fallthrough]];
+      case 1:  // record the last segment
+        if (i_ < L_) {
+          out = {K::record, i_++};
+          return true;
+        }
+        phase_ = 2;
+        i_ = L_ - 1;
+        [[fallthrough]];
+      case 2:  // reverse it
+        if (i_ >= last_) {
+          out = {K::reverse, i_--};
+          return true;
+        }
+        phase_ = 3;
+        b_ = last_ - k_;
+        [[fallthrough]];
+      case 3:  // earlier segments, newest first: restore, record k, reverse k, free
+        while (b_ >= 0) {
+          if (sub_ == 0) {
+            sub_ = 1;
+            i_ = b_;
+            out = {K::restore, b_};
+            return true;
+          }
+          if (sub_ == 1) {
+            if (i_ < b_ + k_) {
+              out = {K::record, i_++};
+              return true;
+            }
+            sub_ = 2;
+            i_ = b_ + k_ - 1;
+          }
+          if (sub_ == 2) {
+            if (i_ >= b_) {
+              out = {K::reverse, i_--};
+              return true;
+            }
+            sub_ = 0;
+            out = {K::free, b_};
+            b_ -= k_;
+            return true;
+          }
+        }
+        phase_ = 4;
+        [[fallthrough]];
+      default:
+        return false;
+    }
+  }
+
+ private:
+  std::int64_t L_, k_, last_;
+  int phase_ = 0, sub_ = 0;
+  bool half_ = false;
+  std::int64_t b_ = 0, i_ = 0;
+};
+
+inline std::int64_t ceil_sqrt(std::int64_t L) {
+  auto k = static_cast<std::int64_t>(std::sqrt(static_cast<double>(L)));
+  while (k * k < L) ++k;
+  while (k > 1 && (k - 1) * (k - 1) >= L) --k;
+  return std::max<std::int64_t>(k, 1);
+}
+
+}  // namespace detail
 
 namespace policy {
 
 /// Record everything: no recomputation, every step's activations kept.
 inline Policy none() {
-  return {"none", false, [](std::int64_t L, const std::vector<StepCost>*) {
-            Schedule s;
-            for (std::int64_t i = 0; i < L; ++i) s.push_back({Action::Kind::record, i});
-            for (std::int64_t i = L - 1; i >= 0; --i) s.push_back({Action::Kind::reverse, i});
-            return s;
+  return {"none", false, [](std::int64_t L, const std::vector<StepCost>*) -> std::unique_ptr<ActionStream> {
+            return std::make_unique<detail::RecordAllStream>(L);
           }};
 }
 
@@ -258,32 +583,15 @@ inline Policy none() {
 /// is kept and the segment replayed in backward; the last segment is recorded directly.
 inline Policy uniform(std::int64_t k) {
   REMAT_CHECK(k >= 1, "policy::uniform: segment length must be at least 1, got {}", k);
-  return {fmt::format("uniform:{}", k), false, [k](std::int64_t L, const std::vector<StepCost>*) {
-            using K = Action::Kind;
-            Schedule s;
-            const std::int64_t last = ((L - 1) / k) * k;  // start of the last segment
-            for (std::int64_t b = 0; b < last; b += k) {
-              s.push_back({K::snapshot, b});
-              for (std::int64_t i = b; i < b + k; ++i) s.push_back({K::advance, i});
-            }
-            for (std::int64_t i = last; i < L; ++i) s.push_back({K::record, i});
-            for (std::int64_t i = L - 1; i >= last; --i) s.push_back({K::reverse, i});
-            for (std::int64_t b = last - k; b >= 0; b -= k) {
-              s.push_back({K::restore, b});
-              for (std::int64_t i = b; i < b + k; ++i) s.push_back({K::record, i});
-              for (std::int64_t i = b + k - 1; i >= b; --i) s.push_back({K::reverse, i});
-              s.push_back({K::free, b});
-            }
-            return s;
+  return {fmt::format("uniform:{}", k), false, [k](std::int64_t L, const std::vector<StepCost>*) -> std::unique_ptr<ActionStream> {
+            return std::make_unique<detail::UniformStream>(L, k);
           }};
 }
 
 /// k = ⌈√L⌉ steps a segment: O(√L) memory for about one extra forward.
 inline Policy sqrt_segments() {
-  return {"sqrt", false, [](std::int64_t L, const std::vector<StepCost>* c) {
-            std::int64_t k = 1;
-            while (k * k < L) ++k;
-            return uniform(k).make(L, c);
+  return {"sqrt", false, [](std::int64_t L, const std::vector<StepCost>*) -> std::unique_ptr<ActionStream> {
+            return std::make_unique<detail::UniformStream>(L, detail::ceil_sqrt(L));
           }};
 }
 
@@ -291,24 +599,39 @@ inline Policy sqrt_segments() {
 /// one: O(log L) memory and the provably minimal number of non-recording step executions.
 inline Policy binomial(std::int64_t s) {
   REMAT_CHECK(s >= 1, "policy::binomial: needs at least 1 snapshot (the chain's input), got {}", s);
-  return {fmt::format("binomial:{}", s), false, [s](std::int64_t L, const std::vector<StepCost>*) {
-            Schedule out{{Action::Kind::snapshot, 0}};
-            detail::binomial_reverse(0, L, s, out);
-            out.push_back({Action::Kind::free, 0});
-            return out;
+  return {fmt::format("binomial:{}", s), false, [s](std::int64_t L, const std::vector<StepCost>*) -> std::unique_ptr<ActionStream> {
+            return std::make_unique<detail::BinomialStream>(L, s);
           }};
 }
 
 }  // namespace policy
 
 /// The plan a policy makes for a chain of L steps; costs (one per step) add predicted bytes and
-/// compute, and are required by policies that optimise with them (budget).
+/// compute, and are required by policies that optimise with them (budget). One counting pass over
+/// the policy's stream: the plan holds counts and a way to stream the actions again, not a list.
 inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>* costs = nullptr) {
   REMAT_CHECK(L >= 1, "plan: a chain needs at least one step, got {}", L);
   REMAT_CHECK(!costs || static_cast<std::int64_t>(costs->size()) == L, "plan: {} step costs for a chain of {} steps",
               costs ? costs->size() : 0, L);
   REMAT_CHECK(!p.needs_costs || costs, "plan: policy {} needs per-step costs", p.name);
-  return detail::analyse(p.name, L, p.make(L, costs), costs);
+  REMAT_CHECK(static_cast<bool>(p.stream), "plan: policy '{}' has no stream function", p.name);
+  // A policy that solves for its whole schedule at once (budget) is asked once; the list it made
+  // is what the plan streams from then on.
+  std::function<std::unique_ptr<ActionStream>()> make;
+  std::string note;
+  if (p.needs_costs) {
+    const std::unique_ptr<ActionStream> solved = p.stream(L, costs);
+    note = solved->note();
+    auto made = std::make_shared<Schedule>();
+    Action a{Action::Kind::free, 0};
+    while (solved->next(a)) made->push_back(a);
+    make = [made]() -> std::unique_ptr<ActionStream> { return std::make_unique<detail::ListStream>(*made); };
+  } else {
+    make = [stream = p.stream, L]() { return stream(L, nullptr); };
+  }
+  Plan out = detail::analyse(p.name, L, std::move(make), costs);
+  out.note = std::move(note);
+  return out;
 }
 inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>& costs) { return plan(p, L, &costs); }
 
@@ -317,21 +640,40 @@ inline std::string Plan::str() const {
                                 "{} recorded steps alive", policy, steps, advances, records, peak_snapshots, peak_recorded);
   if (has_costs) out += fmt::format(", predicted peak {} bytes ({} at the end of forward), compute {:.4g}", peak_bytes,
                                     forward_end_bytes, compute);
+  if (!note.empty()) out += fmt::format("\nnote: {}", note);
   out += fmt::format("\n{:<9} {:<9} {:<12}\n", "phase", "action", "steps");
-  for (std::size_t a = 0; a < actions.size();) {
-    std::size_t b = a + 1;  // merge runs of the same action over consecutive steps
-    const int dir = actions[a].kind == Action::Kind::reverse ? -1 : 1;
-    while (b < actions.size() && actions[b].kind == actions[a].kind &&
-           (actions[a].kind == Action::Kind::advance || actions[a].kind == Action::Kind::record ||
-            actions[a].kind == Action::Kind::reverse) &&
-           actions[b].step == actions[b - 1].step + dir && (a < forward_actions) == (b < forward_actions))
-      ++b;
-    const std::string range = b - a == 1 ? fmt::format("{}", actions[a].step)
-                                         : fmt::format("{}..{}", actions[a].step, actions[b - 1].step);
-    out += fmt::format("{:<9} {:<9} {:<12}\n", a < forward_actions ? "forward" : "backward",
-                       detail::action_name(actions[a].kind), range);
-    a = b;
+  // Runs of the same action over consecutive steps print as one line; streamed, so a long plan
+  // prints without being held.
+  using K = Action::Kind;
+  const std::unique_ptr<ActionStream> s = stream();
+  Action a{K::free, 0};
+  std::size_t index = 0;
+  bool open = false;
+  Action first{K::free, 0};
+  std::int64_t last_step = 0;
+  bool first_forward = false;
+  auto flush = [&] {
+    if (!open) return;
+    const std::string range = last_step == first.step ? fmt::format("{}", first.step) : fmt::format("{}..{}", first.step, last_step);
+    out += fmt::format("{:<9} {:<9} {:<12}\n", first_forward ? "forward" : "backward", detail::action_name(first.kind), range);
+    open = false;
+  };
+  for (; s->next(a); ++index) {
+    const bool forward = index < forward_actions;
+    const std::int64_t begin = a.step, end = a.kind == K::advance ? a.step + a.count - 1 : a.step;
+    const int dir = a.kind == K::reverse ? -1 : 1;
+    const bool mergeable = a.kind == K::advance || a.kind == K::record || a.kind == K::reverse;
+    if (open && mergeable && a.kind == first.kind && forward == first_forward && begin == last_step + dir) {
+      last_step = end;
+      continue;
+    }
+    flush();
+    open = true;
+    first = a;
+    first_forward = forward;
+    last_step = end;
   }
+  flush();
   return out;
 }
 

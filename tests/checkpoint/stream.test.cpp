@@ -1,0 +1,154 @@
+// Schedules as streams: equal, action for action, to the lists the policies made before they
+// were streams (the references below are those generators, kept here as the specification), and
+// held in O(s) memory however long the chain.
+
+#include <cstdlib>
+#include <new>
+
+#include "checkpoint/support_checkpoint.hpp"
+
+using namespace remat;
+
+// Counts the bytes this thread holds through operator new while `counting` is set: a block
+// carries its size in a header, so frees are subtracted exactly.
+namespace {
+thread_local bool counting = false;
+thread_local std::int64_t live_bytes = 0, peak_live_bytes = 0;
+constexpr std::size_t kHeader = 16;  // keeps the block 16-byte aligned
+}  // namespace
+
+void* operator new(std::size_t n) {
+  auto* p = static_cast<unsigned char*>(std::malloc(n + kHeader));
+  if (!p) throw std::bad_alloc();
+  *reinterpret_cast<std::size_t*>(p) = counting ? n : 0;
+  if (counting) {
+    live_bytes += static_cast<std::int64_t>(n);
+    peak_live_bytes = std::max(peak_live_bytes, live_bytes);
+  }
+  return p + kHeader;
+}
+void operator delete(void* q) noexcept {
+  if (!q) return;
+  auto* p = static_cast<unsigned char*>(q) - kHeader;
+  live_bytes -= static_cast<std::int64_t>(*reinterpret_cast<std::size_t*>(p));
+  std::free(p);
+}
+void operator delete(void* q, std::size_t) noexcept { operator delete(q); }
+
+namespace {
+
+/// The binomial schedule as it was made before streams: recursive, the split found by bisection
+/// on the convex split cost, one action per advanced step.
+void binomial_reference(std::int64_t start, std::int64_t end, std::int64_t s, Schedule& out) {
+  using K = Action::Kind;
+  const std::int64_t l = end - start;
+  if (l == 1) {
+    out.push_back({K::record, start});
+    out.push_back({K::reverse, start});
+    return;
+  }
+  if (s == 1) {
+    for (std::int64_t j = end - 1; j >= start; --j) {
+      if (j != end - 1) out.push_back({K::restore, start});
+      for (std::int64_t i = start; i < j; ++i) out.push_back({K::advance, i});
+      out.push_back({K::record, j});
+      out.push_back({K::reverse, j});
+    }
+    return;
+  }
+  auto cost = [&](std::int64_t m) { return m + binomial_min_advances(l - m, s - 1) + binomial_min_advances(m, s); };
+  std::int64_t lo = 1, hi = l - 1;
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi) / 2;
+    if (cost(mid + 1) >= cost(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  const std::int64_t m = lo;
+  for (std::int64_t i = start; i < start + m; ++i) out.push_back({K::advance, i});
+  out.push_back({K::snapshot, start + m});
+  binomial_reference(start + m, end, s - 1, out);
+  out.push_back({K::free, start + m});
+  out.push_back({K::restore, start});
+  binomial_reference(start, start + m, s, out);
+}
+
+Schedule uniform_reference(std::int64_t L, std::int64_t k) {
+  using K = Action::Kind;
+  Schedule s;
+  const std::int64_t last = ((L - 1) / k) * k;
+  for (std::int64_t b = 0; b < last; b += k) {
+    s.push_back({K::snapshot, b});
+    for (std::int64_t i = b; i < b + k; ++i) s.push_back({K::advance, i});
+  }
+  for (std::int64_t i = last; i < L; ++i) s.push_back({K::record, i});
+  for (std::int64_t i = L - 1; i >= last; --i) s.push_back({K::reverse, i});
+  for (std::int64_t b = last - k; b >= 0; b -= k) {
+    s.push_back({K::restore, b});
+    for (std::int64_t i = b; i < b + k; ++i) s.push_back({K::record, i});
+    for (std::int64_t i = b + k - 1; i >= b; --i) s.push_back({K::reverse, i});
+    s.push_back({K::free, b});
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("stream: binomial equals the recursive schedule action for action, L 1..200, s 1..12", "[schedule][stream]") {
+  for (std::int64_t L = 1; L <= 200; ++L)
+    for (std::int64_t s = 1; s <= 12; ++s) {
+      Schedule expected{{Action::Kind::snapshot, 0}};
+      binomial_reference(0, L, s, expected);
+      expected.push_back({Action::Kind::free, 0});
+      INFO("L = " << L << ", s = " << s);
+      REQUIRE(remat::plan(policy::binomial(s), L).materialise() == expected);
+    }
+}
+
+TEST_CASE("stream: uniform, sqrt and none equal the lists they made before", "[schedule][stream]") {
+  for (std::int64_t L = 1; L <= 120; ++L) {
+    INFO("L = " << L);
+    for (std::int64_t k : {1, 2, 3, 7, 16, 200}) REQUIRE(remat::plan(policy::uniform(k), L).materialise() == uniform_reference(L, k));
+    std::int64_t k = 1;
+    while (k * k < L) ++k;
+    REQUIRE(remat::plan(policy::sqrt_segments(), L).materialise() == uniform_reference(L, k));
+    Schedule none;
+    for (std::int64_t i = 0; i < L; ++i) none.push_back({Action::Kind::record, i});
+    for (std::int64_t i = L - 1; i >= 0; --i) none.push_back({Action::Kind::reverse, i});
+    REQUIRE(remat::plan(policy::none(), L).materialise() == none);
+  }
+}
+
+TEST_CASE("stream: binomial(20) plans a million steps in O(s) memory with exactly F(L, s) advances",
+          "[schedule][stream][binomial]") {
+  const std::int64_t L = 1'000'000, s = 20;
+  counting = true;
+  live_bytes = peak_live_bytes = 0;
+  const Plan p = remat::plan(policy::binomial(s), L);
+  std::int64_t advanced = 0, actions = 0;
+  {
+    const auto stream = p.stream();
+    Action a{Action::Kind::free, 0};
+    while (stream->next(a)) {
+      ++actions;
+      if (a.kind == Action::Kind::advance) advanced += a.count;
+    }
+  }
+  counting = false;
+  CHECK(p.advances == 6'815'960);
+  CHECK(advanced == 6'815'960);
+  CHECK(p.advances == binomial_min_advances(L, s));
+  CHECK(p.records == L);
+  CHECK(p.peak_snapshots <= s);
+  CHECK(static_cast<std::size_t>(actions) == p.actions);
+  // Planning and streaming held at most a few kilobytes (frames, the kept set), nothing that grows
+  // with L or with the 11 million single-step actions a list would hold.
+  INFO("peak bytes held while planning and streaming: " << peak_live_bytes);
+  CHECK(peak_live_bytes < 16 * 1024);
+}
+
+TEST_CASE("stream: the plan table merges runs and reads the same as before", "[schedule][stream]") {
+  const std::string table = remat::plan(policy::binomial(2), 6).str();
+  CHECK(table.find("forward   snapshot  0") != std::string::npos);
+  CHECK(table.find("forward   advance   0..") != std::string::npos);
+  CHECK(table.find("backward  reverse") != std::string::npos);
+}
