@@ -2,38 +2,9 @@
 // were streams (the references below are those generators, kept here as the specification), and
 // held in O(s) memory however long the chain.
 
-#include <cstdlib>
-#include <new>
-
 #include "checkpoint/support_checkpoint.hpp"
 
 using namespace remat;
-
-// Counts the bytes this thread holds through operator new while `counting` is set: a block
-// carries its size in a header, so frees are subtracted exactly.
-namespace {
-thread_local bool counting = false;
-thread_local std::int64_t live_bytes = 0, peak_live_bytes = 0;
-constexpr std::size_t kHeader = 16;  // keeps the block 16-byte aligned
-}  // namespace
-
-void* operator new(std::size_t n) {
-  auto* p = static_cast<unsigned char*>(std::malloc(n + kHeader));
-  if (!p) throw std::bad_alloc();
-  *reinterpret_cast<std::size_t*>(p) = counting ? n : 0;
-  if (counting) {
-    live_bytes += static_cast<std::int64_t>(n);
-    peak_live_bytes = std::max(peak_live_bytes, live_bytes);
-  }
-  return p + kHeader;
-}
-void operator delete(void* q) noexcept {
-  if (!q) return;
-  auto* p = static_cast<unsigned char*>(q) - kHeader;
-  live_bytes -= static_cast<std::int64_t>(*reinterpret_cast<std::size_t*>(p));
-  std::free(p);
-}
-void operator delete(void* q, std::size_t) noexcept { operator delete(q); }
 
 namespace {
 
@@ -121,29 +92,29 @@ TEST_CASE("stream: uniform, sqrt and none equal the lists they made before", "[s
 TEST_CASE("stream: binomial(20) plans a million steps in O(s) memory with exactly F(L, s) advances",
           "[schedule][stream][binomial]") {
   const std::int64_t L = 1'000'000, s = 20;
-  counting = true;
-  live_bytes = peak_live_bytes = 0;
   const Plan p = remat::plan(policy::binomial(s), L);
   std::int64_t advanced = 0, actions = 0;
+  std::size_t most_held = 0;
   {
     const auto stream = p.stream();
     Action a{Action::Kind::free, 0};
     while (stream->next(a)) {
       ++actions;
       if (a.kind == Action::Kind::advance) advanced += a.count;
+      most_held = std::max(most_held, stream->state_bytes());
     }
   }
-  counting = false;
   CHECK(p.advances == 6'815'960);
   CHECK(advanced == 6'815'960);
   CHECK(p.advances == binomial_min_advances(L, s));
   CHECK(p.records == L);
   CHECK(p.peak_snapshots <= s);
   CHECK(static_cast<std::size_t>(actions) == p.actions);
-  // Planning and streaming held at most a few kilobytes (frames, the kept set), nothing that grows
-  // with L or with the 11 million single-step actions a list would hold.
-  INFO("peak bytes held while planning and streaming: " << peak_live_bytes);
-  CHECK(peak_live_bytes < 16 * 1024);
+  // The stream held its frames (at most s) and its table of binomials — about two kilobytes —
+  // never anything that grows with L or with the 11 million single-step actions a list would be.
+  INFO("most bytes the stream held: " << most_held);
+  CHECK(most_held < 4096);
+  CHECK(policy::binomial(s).stream(10 * L, nullptr)->state_bytes() < 4096);
 }
 
 TEST_CASE("stream: the plan table merges runs and reads the same as before", "[schedule][stream]") {

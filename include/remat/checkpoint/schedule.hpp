@@ -63,6 +63,8 @@ class ActionStream {
   }
   /// What the policy simplified to make this schedule (empty when nothing): shown by the plan.
   virtual std::string note() const { return {}; }
+  /// Bytes the stream holds for its state (its frames, tables, or the list it streams from).
+  virtual std::size_t state_bytes() const = 0;
 };
 
 namespace detail {
@@ -72,6 +74,7 @@ class ListStream final : public ActionStream {
  public:
   explicit ListStream(Schedule actions, std::string note = {}) : actions_(std::move(actions)), note_(std::move(note)) {}
   std::string note() const override { return note_; }
+  std::size_t state_bytes() const override { return actions_.capacity() * sizeof(Action) + note_.capacity(); }
   bool next(Action& out) override {
     if (next_ == actions_.size()) return false;
     out = actions_[next_++];
@@ -153,6 +156,19 @@ inline std::uint64_t beta(std::int64_t s, std::int64_t r) {
   return b;
 }
 
+/// The least r with β(s, r) ≥ l: how often the busiest step runs when s slots reverse l steps.
+inline std::int64_t binomial_repetitions(std::int64_t l, std::int64_t s) {
+  std::int64_t r = 0;
+  std::uint64_t b = 1;  // β(s, r), stepped as β(s, r) = β(s, r − 1)·(s + r)/r (exact: a binomial)
+  while (b < static_cast<std::uint64_t>(l)) {
+    ++r;
+    const std::uint64_t f = static_cast<std::uint64_t>(s + r);
+    if (b > std::numeric_limits<std::uint64_t>::max() / f) return r;  // β(s, r) ≥ 2^64 / (s + r) > any l
+    b = b * f / static_cast<std::uint64_t>(r);
+  }
+  return r;
+}
+
 }  // namespace detail
 
 // Derivation of the binomial schedule (Griewank 1992; Griewank & Walther, "Algorithm 799: Revolve").
@@ -180,25 +196,18 @@ inline std::uint64_t beta(std::int64_t s, std::int64_t r) {
 /// F(l, s) = r·l − β(s+1, r−1), r the least integer with β(s, r) ≥ l.
 inline std::int64_t binomial_min_advances(std::int64_t l, std::int64_t s) {
   REMAT_CHECK(l >= 1 && s >= 1, "binomial_min_advances: needs l >= 1 and s >= 1, got l = {}, s = {}", l, s);
+  if (s == 1) return l * (l - 1) / 2;  // r = l − 1 repetitions: a closed form instead of l iterations
   std::int64_t r = 0;
-  while (detail::beta(s, r) < static_cast<std::uint64_t>(l)) ++r;
+  if (s == 2) {  // β(2, r) = (r + 1)(r + 2)/2 ≥ l: start from the root of the quadratic, then correct
+    r = std::max<std::int64_t>(0, static_cast<std::int64_t>(std::sqrt(2.0 * static_cast<double>(l))) - 2);
+    while (static_cast<std::uint64_t>((r + 1) * (r + 2) / 2) < static_cast<std::uint64_t>(l)) ++r;
+  } else {
+    r = detail::binomial_repetitions(l, s);
+  }
   return r * l - static_cast<std::int64_t>(detail::beta(s + 1, r - 1));
 }
 
 namespace detail {
-
-/// The least r with β(s, r) ≥ l: how often the busiest step runs when s slots reverse l steps.
-inline std::int64_t binomial_repetitions(std::int64_t l, std::int64_t s) {
-  std::int64_t r = 0;
-  std::uint64_t b = 1;  // β(s, r), stepped as β(s, r) = β(s, r − 1)·(s + r)/r (exact: a binomial)
-  while (b < static_cast<std::uint64_t>(l)) {
-    ++r;
-    const std::uint64_t f = static_cast<std::uint64_t>(s + r);
-    if (b > std::numeric_limits<std::uint64_t>::max() / f) return r;  // β(s, r) ≥ 2^64 / (s + r) > any l
-    b = b * f / static_cast<std::uint64_t>(r);
-  }
-  return r;
-}
 
 /// β(s', r') for every s' ≤ s and r' ≤ r: a split only ever needs these, since r never grows
 /// down the recursion (the suffix keeps at most r repetitions, the prefix at most r − 1). With
@@ -214,6 +223,7 @@ class BinomialTable {
   std::uint64_t operator()(std::int64_t s, std::int64_t r) const {
     return r < 0 ? 0 : table_[static_cast<std::size_t>(s * (r_ + 1) + r)];
   }
+  std::size_t bytes() const { return table_.capacity() * sizeof(std::uint64_t); }
   /// The least r' ≤ r with β(s, r') ≥ l, given that β(s, r) ≥ l.
   std::int64_t repetitions(std::int64_t l, std::int64_t s, std::int64_t r) const {
     while (r > 0 && (*this)(s, r - 1) >= static_cast<std::uint64_t>(l)) --r;
@@ -250,6 +260,9 @@ class BinomialStream final : public ActionStream {
     stack_.reserve(static_cast<std::size_t>(std::min(s, L)) + 1);  // the deepest the recursion goes
   }
 
+  std::size_t state_bytes() const override {
+    return sizeof(*this) + stack_.capacity() * sizeof(Frame) + beta_.bytes();
+  }
   bool next(Action& out) override {
     if (buffered_ == used_) {
       buffered_ = emit(buffer_.data());
@@ -469,6 +482,7 @@ namespace detail {
 class RecordAllStream final : public ActionStream {
  public:
   explicit RecordAllStream(std::int64_t L) : L_(L) {}
+  std::size_t state_bytes() const override { return sizeof(*this); }
   bool next(Action& out) override {
     if (i_ < L_) out = {Action::Kind::record, i_};
     else if (i_ < 2 * L_) out = {Action::Kind::reverse, 2 * L_ - 1 - i_};
@@ -486,6 +500,7 @@ class RecordAllStream final : public ActionStream {
 class UniformStream final : public ActionStream {
  public:
   UniformStream(std::int64_t L, std::int64_t k) : L_(L), k_(k), last_(((L - 1) / k) * k) {}
+  std::size_t state_bytes() const override { return sizeof(*this); }
   bool next(Action& out) override {
     using K = Action::Kind;
     switch (phase_) {

@@ -1,0 +1,274 @@
+#pragma once
+// Chains of unknown length: an adaptive ODE integrator that stops at t_end, a stream that ends
+// when it ends. OnlineChain runs steps as they arrive, keeps at most s snapshots chosen as it goes
+// (OnlinePlacement), and when finished reverses the chain with the offline binomial schedule on
+// each interval between the snapshots it kept. It never needs the length in advance and never
+// stops for lack of a rule: every placement decision is defined for every t.
+//
+// Placement. Ending at L with snapshots at p_0 = 0 < p_1 < … < p_K, the reversal costs
+//   A(P, L) = Σ_{j<K} [(p_{j+1} − p_j) + F(p_{j+1} − p_j, s − j)] + F(L − p_K, s − K)
+// non-recording step executions (the forward sweep through each earlier interval, then each
+// interval reversed from its snapshot with the slots the earlier ones leave). While slots are
+// free every state is kept (optimal while L ≤ s + 1, where F(L, s) = L − 1); after that, reaching
+// x_t the placement either leaves the set alone or drops one snapshot and keeps x_t, whichever
+// minimises A for the horizon H = ⌈1.25 t⌉: the chain is assumed to go on a quarter longer than
+// it has so far. The horizon was chosen by simulating 1.1, 1.25, 1.5 and 2 against the offline
+// optimum F(L, s) (tests and the closing note give the ratios); a decision costs O(s²·r).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/checkpoint/chain.hpp"
+#include "remat/checkpoint/schedule.hpp"
+
+namespace remat {
+
+/// Where the snapshots of a chain of unknown length go, decided one state at a time.
+class OnlinePlacement {
+ public:
+  explicit OnlinePlacement(std::int64_t snapshots, double horizon = 1.2) : s_(snapshots), horizon_(horizon) {
+    REMAT_CHECK(snapshots >= 1, "OnlinePlacement: needs at least 1 snapshot (the chain's input), got {}", snapshots);
+    REMAT_CHECK(horizon >= 1.0, "OnlinePlacement: the horizon factor must be at least 1, got {}", horizon);
+    positions_.push_back(0);
+  }
+
+  /// What to do on reaching x_t, t ≥ 1, when the chain goes on.
+  struct Decision {
+    bool keep = false;        ///< keep x_t
+    std::int64_t drop = -1;   ///< the position of the snapshot to free first, -1 for none
+  };
+
+  Decision at(std::int64_t t) {
+    Decision d;
+    if (static_cast<std::int64_t>(positions_.size()) < s_) {
+      positions_.push_back(t);
+      d.keep = true;
+      return d;
+    }
+    if (s_ == 1) return d;
+    // A(P, H) for P as it is, and for P without p_k and with t, k = 1..s−1, in O(s) evaluations
+    // of F: intervals before k keep their slots, the two around p_k merge, those after it gain
+    // one slot (one fewer snapshot before them), and t starts the last interval, with one slot.
+    // Only that last interval depends on H, so each candidate is scored against several
+    // horizons at the price of one F each: the worst ratio to the optimum F(H, s) over H in
+    // {t + 1, t + 2, ⌈1.1 t⌉, ⌈h t⌉} is what the choice minimises.
+    const auto n = positions_.size();  // = s
+    auto part = [&](std::int64_t len, std::int64_t slots, bool swept) {
+      return len <= 0 ? 0 : binomial_min_advances(len, slots) + (swept ? len : 0);
+    };
+    std::vector<std::int64_t> before(n + 1, 0), after(n + 1, 0);  // prefix with own slots; suffix with one more
+    for (std::size_t j = 0; j + 1 < n; ++j)
+      before[j + 1] = before[j] + part(positions_[j + 1] - positions_[j], s_ - static_cast<std::int64_t>(j), true);
+    for (std::size_t j = n - 1; j-- > 1;)
+      after[j] = after[j + 1] + part(positions_[j + 1] - positions_[j], s_ - static_cast<std::int64_t>(j) + 1, true);
+    std::int64_t horizons[4] = {t + 1, t + 2, static_cast<std::int64_t>(std::ceil(1.1 * static_cast<double>(t))),
+                                static_cast<std::int64_t>(std::ceil(horizon_ * static_cast<double>(t)))};
+    double optimum[4];
+    for (int h = 0; h < 4; ++h) {
+      horizons[h] = std::max(horizons[h], t + 1);
+      optimum[h] = static_cast<double>(std::max<std::int64_t>(1, binomial_min_advances(horizons[h], s_)));
+    }
+    // The worst ratio over the horizons of a set whose cost is base + its last interval's.
+    auto worst = [&](std::int64_t base, std::int64_t last_start, std::int64_t last_slots) {
+      double w = 0;
+      for (int h = 0; h < 4; ++h)
+        w = std::max(w, static_cast<double>(base + part(horizons[h] - last_start, last_slots, false)) / optimum[h]);
+      return w;
+    };
+    double best = worst(before[n - 1], positions_[n - 1], s_ - static_cast<std::int64_t>(n - 1));
+    std::int64_t pick = -1;
+    for (std::size_t k = 1; k < n; ++k) {
+      const std::int64_t merged_end = k + 1 < n ? positions_[k + 1] : t;
+      std::int64_t base = before[k - 1] + part(merged_end - positions_[k - 1], s_ - static_cast<std::int64_t>(k - 1), true);
+      if (k + 1 < n) base += after[k + 1] + part(t - positions_[n - 1], s_ - static_cast<std::int64_t>(n - 2), true);
+      const double w = worst(base, t, 1);
+      if (w < best - 1e-12) {
+        best = w;
+        pick = static_cast<std::int64_t>(k);
+      }
+    }
+    if (pick < 0) return d;
+    d.keep = true;
+    d.drop = positions_[static_cast<std::size_t>(pick)];
+    positions_.erase(positions_.begin() + pick);
+    positions_.push_back(t);
+    return d;
+  }
+
+  const std::vector<std::int64_t>& positions() const { return positions_; }
+  std::int64_t snapshots() const { return s_; }
+
+  /// A(P, L): non-recording step executions to finish and reverse a chain of L steps with
+  /// snapshots at `positions` (ascending, 0 first), the last step recorded as the forward ends.
+  std::int64_t cost(const std::vector<std::int64_t>& positions, std::int64_t L) const {
+    std::int64_t total = 0;
+    const std::size_t K = positions.size() - 1;
+    for (std::size_t j = 0; j <= K; ++j) {
+      const std::int64_t a = positions[j], b = j < K ? positions[j + 1] : L;
+      if (b <= a) break;
+      total += binomial_min_advances(b - a, s_ - static_cast<std::int64_t>(j));
+      if (j < K) total += b - a;
+    }
+    return total;
+  }
+
+ private:
+  std::int64_t s_;
+  double horizon_;
+  std::vector<std::int64_t> positions_;
+};
+
+namespace detail {
+
+/// The backward part of an online chain: reverse the recorded last step, then each interval
+/// between kept snapshots, newest first, with the binomial schedule and the slots left to it.
+class OnlineReversal final : public ActionStream {
+ public:
+  OnlineReversal(std::vector<std::int64_t> positions, std::int64_t L, std::int64_t s)
+      : positions_(std::move(positions)), L_(L), s_(s), j_(static_cast<std::ptrdiff_t>(positions_.size()) - 1) {}
+
+  std::size_t state_bytes() const override {
+    return sizeof(*this) + positions_.capacity() * sizeof(std::int64_t) + (inner_ ? inner_->state_bytes() : 0);
+  }
+
+  bool next(Action& out) override {
+    using K = Action::Kind;
+    if (!started_) {
+      started_ = true;
+      out = {K::reverse, L_ - 1};
+      return true;
+    }
+    for (;;) {
+      if (inner_) {
+        if (inner_->next(out)) {
+          // The inner schedule starts by keeping its x_0 (held here already) and ends by freeing
+          // it: both become this interval's restore and free of the kept snapshot.
+          out.step += offset_;
+          if (first_) {
+            first_ = false;
+            out = {K::restore, offset_};
+          }
+          return true;
+        }
+        inner_.reset();
+      }
+      if (j_ < 0) return false;
+      const std::int64_t a = positions_[static_cast<std::size_t>(j_)];
+      const std::int64_t b = j_ + 1 < static_cast<std::ptrdiff_t>(positions_.size()) ? positions_[static_cast<std::size_t>(j_) + 1]
+                                                                                       : L_ - 1;
+      const std::int64_t slots = s_ - j_;
+      --j_;
+      if (b > a) {
+        inner_ = std::make_unique<BinomialStream>(b - a, slots);
+        offset_ = a;
+        first_ = true;
+      } else {
+        out = {K::free, a};  // the last step started at this snapshot: nothing left to reverse from it
+        return true;
+      }
+    }
+  }
+
+ private:
+  std::vector<std::int64_t> positions_;
+  std::int64_t L_, s_;
+  std::ptrdiff_t j_;
+  bool started_ = false;
+  std::unique_ptr<BinomialStream> inner_;
+  std::int64_t offset_ = 0;
+  bool first_ = false;
+};
+
+}  // namespace detail
+
+/// A chain whose steps arrive one at a time. Call advance(step) until your stopping condition
+/// holds, then finish() for the final state as a tensor whose backward reverses the whole chain:
+/// gradients bitwise equal to running the steps without checkpointing, at most `snapshots` states
+/// kept (x_0 counting as one) plus the tape of the step just run.
+///
+///   remat::OnlineChain chain(x0, 10);
+///   while (t < t_end) { chain.advance([&, dt](const Tensor& x) { return rk4(x, dt); }); t += dt; }
+///   Tensor xT = chain.finish();
+class OnlineChain {
+ public:
+  OnlineChain(const Tensor& x, std::int64_t snapshots, std::string name = "online_chain")
+      : run_(std::make_shared<detail::ChainRun>()), placement_(snapshots), input_(x) {
+    run_->name = std::move(name);
+    run_->check_values = detail::checkpoint_checking_flag();
+    run_->early_stop = detail::checkpoint_early_stop_flag() && !run_->check_values;
+    run_->debug = detail::checkpoint_debug_flag();
+    run_->current = x.detach();
+    if (x.requires_grad()) run_->input_meta = x.meta();
+    run_->execute({Action::Kind::snapshot, 0}, nullptr, true);
+  }
+
+  /// Runs the next step on the current state and returns the new state (read it to decide
+  /// whether to go on; the graph is the one finish() returns).
+  const Tensor& advance(ChainStep step) {
+    REMAT_CHECK(!finished_, "{}: advance after finish()", run_->name);
+    REMAT_CHECK(static_cast<bool>(step), "{}: step {} is an empty function", run_->name, steps());
+    const std::int64_t i = steps();
+    if (i > 0) {
+      // The step before is done: drop its tape (it will be recorded again when reversed), then
+      // decide whether to keep the state it produced.
+      run_->recorded.erase(i - 1);
+      const OnlinePlacement::Decision d = placement_.at(i);
+      if (d.drop >= 0) run_->execute({Action::Kind::free, d.drop}, nullptr, true);
+      if (d.keep) run_->execute({Action::Kind::snapshot, i}, nullptr, true);
+    }
+    run_->steps.push_back(std::move(step));
+    run_->execute({Action::Kind::record, i}, nullptr, true);
+    return run_->current;
+  }
+
+  std::int64_t steps() const { return static_cast<std::int64_t>(run_->steps.size()); }
+  /// The positions of the snapshots kept now (x_0 first).
+  const std::vector<std::int64_t>& snapshots() const { return placement_.positions(); }
+
+  /// The final state, connected to the chain's input and to every parameter the steps read: one
+  /// node on the tape, whose backward reverses the chain. `counts`, when given, receives what the
+  /// executor did once the backward completes.
+  Tensor finish(std::shared_ptr<ChainCounts> counts = nullptr) {
+    REMAT_CHECK(!finished_, "{}: finish() called twice", run_->name);
+    REMAT_CHECK(steps() >= 1, "{}: finish() before any step", run_->name);
+    finished_ = true;
+    const std::int64_t L = steps(), s = placement_.snapshots();
+    auto positions = std::make_shared<std::vector<std::int64_t>>(placement_.positions());
+    run_->plan.policy = fmt::format("online:{}", s);
+    run_->plan.steps = L;
+    run_->plan.forward_actions = 0;
+    run_->plan.stream = [positions, L, s]() -> std::unique_ptr<ActionStream> {
+      return std::make_unique<detail::OnlineReversal>(*positions, L, s);
+    };
+    run_->report = std::move(counts);
+    Tensor out = run_->current;
+    bool any_grad = false;
+    for (auto& [i, r] : run_->recorded) any_grad = any_grad || r.output.requires_grad();
+    if (!any_grad || !is_grad_enabled()) return out;
+    auto run = run_;
+    detail::record<float>(run->name, {input_}, {&out}, {}, [run](detail::BackwardContext<float>& ctx) {
+      run->outside_reads.check_versions(run->name);
+      run->grad = detail::copy_of(ctx.grad_output());
+      run->retaining = ctx.retain_graph();
+      run->run_backward();
+      if (run->report) *run->report = run->counts;
+      if (!run->retaining) {
+        run->kept.clear();
+        run->recorded.clear();
+      }
+    });
+    return out;
+  }
+
+ private:
+  std::shared_ptr<detail::ChainRun> run_;
+  OnlinePlacement placement_;
+  Tensor input_;
+  bool finished_ = false;
+};
+
+}  // namespace remat

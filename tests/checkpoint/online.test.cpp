@@ -1,0 +1,138 @@
+// Chains of unknown length: OnlinePlacement (pure, no tensors) and OnlineChain (the executor).
+
+#include <set>
+
+#include "checkpoint/support_checkpoint.hpp"
+
+using namespace remat;
+
+namespace {
+
+/// Places snapshots for a chain that turns out to have L steps, then checks the reversal stream
+/// the chain would run: each step reversed once, newest first, from kept states only, at most s
+/// kept at once. Returns the advances it counts.
+std::int64_t checked_online(std::int64_t L, std::int64_t s) {
+  OnlinePlacement place(s);
+  for (std::int64_t t = 1; t < L; ++t) {
+    place.at(t);
+    REQUIRE(static_cast<std::int64_t>(place.positions().size()) <= s);
+  }
+  std::set<std::int64_t> kept(place.positions().begin(), place.positions().end());
+  std::set<std::int64_t> recorded{L - 1};
+  std::int64_t pos = L, next_reverse = L - 1, advances = 0;
+  detail::OnlineReversal reversal(place.positions(), L, s);
+  Action a{Action::Kind::free, 0};
+  while (reversal.next(a)) {
+    switch (a.kind) {
+      case Action::Kind::reverse:
+        REQUIRE(a.step == next_reverse);
+        REQUIRE(recorded.erase(a.step) == 1);
+        --next_reverse;
+        break;
+      case Action::Kind::record:
+        REQUIRE(pos == a.step);
+        recorded.insert(a.step);
+        ++pos;
+        break;
+      case Action::Kind::advance:
+        REQUIRE(pos == a.step);
+        pos += a.count;
+        advances += a.count;
+        break;
+      case Action::Kind::restore:
+        REQUIRE(kept.count(a.step) == 1);
+        pos = a.step;
+        break;
+      case Action::Kind::free:
+        REQUIRE(kept.erase(a.step) == 1);
+        break;
+      case Action::Kind::snapshot:
+        REQUIRE(pos == a.step);
+        REQUIRE(static_cast<std::int64_t>(kept.size()) < s);
+        kept.insert(a.step);
+        break;
+    }
+  }
+  REQUIRE(next_reverse == -1);
+  REQUIRE(kept.empty());
+  // The forward ran every step recorded (keeping only the newest tape), so L − 1 of the A(P, L)
+  // non-recording executions the cost counts happened as those records instead.
+  REQUIRE(advances + (L - 1) == place.cost(place.positions(), L));
+  return advances;
+}
+
+}  // namespace
+
+TEST_CASE("online: well-formed for every L in 1..2000 and s in 1..10, never above 1.2 F(L, s) for s >= 3",
+          "[chain][online]") {
+  for (std::int64_t s = 1; s <= 10; ++s) {
+    OnlinePlacement place(s);
+    for (std::int64_t L = 1; L <= 2000; ++L) {
+      INFO("L = " << L << ", s = " << s);
+      if (L <= 300 || L % 97 == 0) checked_online(L, s);  // the full stream check on a sample
+      const std::int64_t online = place.cost(place.positions(), L), best = binomial_min_advances(L, s);
+      REQUIRE(online >= best);
+      if (L <= s) REQUIRE(online == best);  // while slots are free every state is kept: optimal
+      if (s >= 3) REQUIRE(static_cast<double>(online) <= 1.2 * static_cast<double>(best));
+      place.at(L);
+    }
+  }
+}
+
+TEST_CASE("online: an OnlineChain's gradients equal the plain loop's bitwise, dropout in the step", "[chain][online]") {
+  Generator init(17);
+  nn::Linear lin(6, 6, true, init);
+  const Tensor data = randn({3, 6}, init);
+  auto step_of = [&](float dt) {
+    return ChainStep([&lin, dt](const Tensor& h) { return h + dropout(tanh(lin(h)), 0.2) * dt; });
+  };
+  for (std::int64_t s : {1, 2, 3, 5}) {
+    for (std::int64_t L : {1, 2, 7, 40}) {
+      INFO("s = " << s << ", L = " << L);
+      auto run = [&](bool online) {
+        lin.zero_grad();
+        Tensor x = data.detach().requires_grad_();
+        manual_seed(5);
+        Tensor y;
+        std::int64_t expected_advances = 0;
+        auto counts = std::make_shared<ChainCounts>();
+        if (online) {
+          OnlineChain chain(x, s);
+          for (std::int64_t i = 0; i < L; ++i) chain.advance(step_of(0.1f + 0.01f * static_cast<float>(i)));
+          OnlinePlacement check(s);
+          for (std::int64_t t = 1; t < L; ++t) check.at(t);
+          REQUIRE(chain.snapshots() == check.positions());
+          expected_advances = check.cost(check.positions(), L) - (L - 1);  // forward steps ran recorded
+          y = chain.finish(counts);
+        } else {
+          y = x;
+          for (std::int64_t i = 0; i < L; ++i) y = step_of(0.1f + 0.01f * static_cast<float>(i))(y);
+        }
+        sum(y * y).backward();
+        if (online) {
+          CHECK(counts->advances == expected_advances);
+          CHECK(counts->records == 2 * L - 1);  // each step in forward, and all but the last again
+          CHECK(counts->peak_snapshots <= s);
+        }
+        auto g = test::gradients(lin);
+        g.push_back(x.grad().to_vector());
+        g.push_back(y.to_vector());
+        return g;
+      };
+      CHECK(run(true) == run(false));
+    }
+  }
+}
+
+TEST_CASE("online: misuse is a clear error", "[chain][online][misuse]") {
+  Tensor x = randn({2}).requires_grad_();
+  OnlineChain chain(x, 2, "ode");
+  REQUIRE_ERROR(chain.finish(), "ode", "before any step");
+  chain.advance([](const Tensor& h) { return h * 2.0f; });
+  REQUIRE_ERROR(chain.advance(ChainStep()), "ode", "empty function");
+  Tensor y = chain.finish();
+  REQUIRE_ERROR(chain.advance([](const Tensor& h) { return h; }), "ode", "after finish");
+  sum(y).backward();
+  CHECK(x.grad().to_vector() == std::vector<float>{2.0f, 2.0f});
+  REQUIRE_ERROR(OnlinePlacement(0), "OnlinePlacement", "at least 1");
+}
