@@ -123,3 +123,45 @@ TEST_CASE("stream: the plan table merges runs and reads the same as before", "[s
   CHECK(table.find("forward   advance   0..") != std::string::npos);
   CHECK(table.find("backward  reverse") != std::string::npos);
 }
+
+TEST_CASE("budget: long chains are planned over groups of steps, within the budget, and say so", "[schedule][budget]") {
+  Generator g(31);
+  const LongTensor r = randint(1, 9, {3 * 1000}, g);
+  std::vector<StepCost> costs;
+  std::size_t total = 0;
+  for (std::int64_t i = 0; i < 1000; ++i) {
+    costs.push_back({static_cast<double>(r.data()[3 * i]), static_cast<std::size_t>(r.data()[3 * i + 1]) * 1024,
+                     static_cast<std::size_t>(r.data()[3 * i + 2]) * 8192});
+    total += costs.back().state_bytes + costs.back().activation_bytes;
+  }
+  const std::size_t budget = total / 4;
+  const Plan p = remat::plan(policy::budget(budget), 1000, costs);  // analyse() checks it is well-formed
+  CHECK(p.peak_bytes <= budget);
+  CHECK(p.note.find("1000 steps planned as 100 groups") != std::string::npos);
+  CHECK(p.str().find("note: 1000 steps") != std::string::npos);
+  CHECK(p.records == 1000);
+  // Exact, and silent about it, up to the planner's limit.
+  const std::vector<StepCost> first(costs.begin(), costs.begin() + 40);
+  CHECK(remat::plan(policy::budget(budget / 10), 40, first).note.empty());
+  // A budget nothing fits is an error naming the least that fits, never bad_alloc.
+  REQUIRE_ERROR(remat::plan(policy::budget(1000, 256, {30}), 1000, costs), "policy::budget", "least budget", "30 groups");
+}
+
+TEST_CASE("step log: per-step notes stored as runs read back exactly", "[chain][stream]") {
+  detail::StateRuns rng;
+  detail::EqualRuns<Shape> shapes;
+  std::vector<Generator::State> states;
+  std::uint64_t offset = 7;
+  for (int i = 0; i < 1000; ++i) {
+    offset += i < 500 ? 3 : (i % 7 == 0 ? 5 : 2);  // a fixed stride, then an irregular one
+    states.push_back({i < 800 ? 11u : 12u, offset});
+    rng.push_back(states.back());
+    shapes.push_back(i < 600 ? Shape{2, 3} : Shape{4});
+  }
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    REQUIRE(rng[i] == states[i]);
+    REQUIRE(shapes[i] == (i < 600 ? Shape{2, 3} : Shape{4}));
+  }
+  CHECK(shapes.runs() == 2);
+  CHECK(rng.runs() < 400);  // the regular first half is one run
+}

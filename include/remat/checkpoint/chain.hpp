@@ -18,6 +18,7 @@
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
+#include "remat/checkpoint/step_log.hpp"
 #include "remat/checkpoint/trace.hpp"
 #include "remat/core/autograd.hpp"
 #include "remat/core/factory.hpp"
@@ -109,15 +110,15 @@ struct ChainRun {
   Plan plan;
   std::string name;           // "chain[policy]", in errors
   bool check_values = false;  // compare replayed values too (CheckpointChecking), not just shapes
-  std::vector<Generator::State> rng;  // each step's generator state at its first execution
-  std::vector<Shape> out_shapes;      // each step's output shape at its first execution
+  StateRuns rng;                      // each step's generator state at its first execution
+  EqualRuns<Shape> out_shapes;        // each step's output shape at its first execution
   std::vector<std::uint64_t> out_hashes;  // and its values' hash, when check_values
   // Early stop for recorded steps whose output only feeds their own reversal: each step's last
   // needed op output, learnt at its first execution; and what the steps read from outside.
   bool early_stop = true;
   bool debug = false;                          // CheckpointDebug: each step's op trace, first execution
   std::vector<std::vector<TracedOp>> traces;
-  std::vector<std::ptrdiff_t> last_needed;
+  EqualRuns<std::ptrdiff_t> last_needed;
   SegmentReads outside_reads;
   std::unordered_set<std::uint64_t> outside_seen;
   std::int64_t position = 0;
