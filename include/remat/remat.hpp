@@ -27,6 +27,7 @@
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/selective.hpp"
+#include "remat/checkpoint/two_tier.hpp"
 
 #include "remat/ops/add.hpp"
 #include "remat/ops/attention.hpp"

@@ -18,6 +18,7 @@
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
+#include "remat/checkpoint/snapshot.hpp"
 #include "remat/checkpoint/step_log.hpp"
 #include "remat/checkpoint/trace.hpp"
 #include "remat/core/autograd.hpp"
@@ -35,6 +36,7 @@ struct ChainCounts {
   std::int64_t advances = 0;
   std::int64_t records = 0;
   std::int64_t peak_snapshots = 0;
+  std::int64_t disk_writes = 0;
 };
 
 namespace detail {
@@ -89,21 +91,6 @@ inline std::vector<StepCost> measure_steps(const std::vector<ChainStep>& steps, 
 }
 
 namespace detail {
-
-/// A kept state counted as saved for backward while held.
-class Snapshot {
- public:
-  explicit Snapshot(const Tensor& t) : tensor_(t.detach()) { tensor_.storage()->retain_saved(); }
-  ~Snapshot() {
-    if (tensor_.defined()) tensor_.storage()->release_saved();
-  }
-  Snapshot(const Snapshot&) = delete;
-  Snapshot& operator=(const Snapshot&) = delete;
-  const Tensor& tensor() const { return tensor_; }
-
- private:
-  Tensor tensor_;
-};
 
 struct ChainRun {
   std::vector<ChainStep> steps;
@@ -249,11 +236,18 @@ struct ChainRun {
       }
       case K::snapshot:
         if (forward) forward_snapshots.insert(i);
-        kept[i] = std::make_unique<Snapshot>(current);
+        if (act.disk) {
+          REMAT_CHECK(!plan.disk_directory.empty(), "{}: the schedule keeps x_{} on disk, but its policy names no "
+                      "directory", name, i);
+          kept[i] = std::make_unique<DiskSnapshot>(current, plan.disk_directory, i);
+          ++counts.disk_writes;
+        } else {
+          kept[i] = std::make_unique<MemorySnapshot>(current);
+        }
         counts.peak_snapshots = std::max<std::int64_t>(counts.peak_snapshots, static_cast<std::int64_t>(kept.size()));
         break;
       case K::restore:
-        current = kept.at(i)->tensor();
+        current = kept.at(i)->load();
         position = i;
         break;
       case K::free:
@@ -331,7 +325,15 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
     run->outside_reads.check_versions(run->name);
     run->grad = detail::copy_of(ctx.grad_output());
     run->retaining = ctx.retain_graph();
-    run->run_backward();
+    try {
+      run->run_backward();
+    } catch (...) {
+      // A failed reversal cannot be resumed: drop what the run holds now — its files on disk
+      // included — rather than when the tape next drops this node.
+      run->kept.clear();
+      run->recorded.clear();
+      throw;
+    }
     if (run->report) *run->report = run->counts;
     if (!run->retaining) {
       run->kept.clear();

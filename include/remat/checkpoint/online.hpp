@@ -254,7 +254,15 @@ class OnlineChain {
       run->outside_reads.check_versions(run->name);
       run->grad = detail::copy_of(ctx.grad_output());
       run->retaining = ctx.retain_graph();
+      try {
       run->run_backward();
+    } catch (...) {
+      // A failed reversal cannot be resumed: drop what the run holds now — its files on disk
+      // included — rather than when the tape next drops this node.
+      run->kept.clear();
+      run->recorded.clear();
+      throw;
+    }
       if (run->report) *run->report = run->counts;
       if (!run->retaining) {
         run->kept.clear();

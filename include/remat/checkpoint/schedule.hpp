@@ -35,7 +35,10 @@ struct Action {
   Kind kind;
   std::int64_t step;
   std::int64_t count = 1;  ///< advance only: steps step .. step + count - 1, in one action
-  bool operator==(const Action& o) const { return kind == o.kind && step == o.step && count == o.count; }
+  bool disk = false;       ///< snapshot only: kept in a file (the slower tier) rather than in memory
+  bool operator==(const Action& o) const {
+    return kind == o.kind && step == o.step && count == o.count && disk == o.disk;
+  }
 };
 
 /// What a step costs: compute (any unit, e.g. seconds or FLOPs), the bytes of its input state
@@ -121,6 +124,10 @@ struct Plan {
   std::size_t forward_end_bytes = 0;  ///< predicted bytes held at the end of forward (needs costs)
   double compute = 0;                 ///< predicted compute of advances + records (needs costs)
   std::string note;                   ///< what the policy simplified (e.g. steps planned in groups)
+  std::int64_t disk_writes = 0;       ///< snapshots written to disk
+  std::int64_t disk_reads = 0;        ///< restores read from disk
+  std::int64_t peak_disk_snapshots = 0;  ///< of peak_snapshots, on disk at most
+  std::string disk_directory;         ///< where disk snapshots go (the policy's)
 
   /// The actions as a list (advances split into single steps): small chains and tests only.
   Schedule materialise() const {
@@ -255,8 +262,12 @@ inline std::int64_t binomial_split(std::int64_t l, std::int64_t s, std::int64_t 
 /// holds at most s frames: O(s) state for any chain length.
 class BinomialStream final : public ActionStream {
  public:
-  BinomialStream(std::int64_t L, std::int64_t s)
-      : L_(L), s_(s), r_(s > 1 ? binomial_repetitions(L, s) : 0), beta_(s > 1 ? s : 0, r_) {
+  /// `disk_depth`: snapshots taken at recursion depth below it (x_0 is depth 0, each nested
+  /// suffix one deeper) go to disk. The shallow ones are restored least — a frame with s' slots
+  /// restores its snapshot once per split of its prefix, and deeper frames, with fewer slots,
+  /// split more often relative to their length — so they are the cheapest to keep on disk.
+  BinomialStream(std::int64_t L, std::int64_t s, std::int64_t disk_depth = 0)
+      : L_(L), s_(s), r_(s > 1 ? binomial_repetitions(L, s) : 0), disk_depth_(disk_depth), beta_(s > 1 ? s : 0, r_) {
     stack_.reserve(static_cast<std::size_t>(std::min(s, L)) + 1);  // the deepest the recursion goes
   }
 
@@ -306,7 +317,7 @@ class BinomialStream final : public ActionStream {
       if (stage_ == 0) {
         stage_ = 1;
         push(0, L_, s_, r_);
-        out[0] = {K::snapshot, 0};
+        out[0] = {K::snapshot, 0, 1, disk_depth_ > 0};
         return 1;
       }
       if (stage_ == 1) {
@@ -337,7 +348,7 @@ class BinomialStream final : public ActionStream {
       f.m = binomial_split(f.end - f.start, f.s, f.r, beta_);
       const std::int64_t child = f.start + f.m;
       out[0] = {K::advance, f.start, f.m};
-      out[1] = {K::snapshot, child};
+      out[1] = {K::snapshot, child, 1, static_cast<std::int64_t>(stack_.size()) < disk_depth_};
       f.phase = 1;
       if (f.end - child == 1) {  // a one-step suffix: recorded and reversed here, no frame
         out[2] = {K::record, child};
@@ -360,7 +371,7 @@ class BinomialStream final : public ActionStream {
     return 2;
   }
 
-  std::int64_t L_, s_, r_;
+  std::int64_t L_, s_, r_, disk_depth_;
   BinomialTable beta_;
   int stage_ = 0;  // 0: before the first snapshot, 1: reversing, 2: after the final free
   std::vector<Frame> stack_;
@@ -384,6 +395,8 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
   // (restore and free the newest snapshot, reverse the newest record), so searches start at the
   // back and are O(1) in practice; no allocation per action.
   std::vector<std::pair<std::int64_t, std::size_t>> kept, recorded;
+  std::vector<bool> kept_on_disk;  // beside kept
+  std::int64_t on_disk = 0;
   auto find = [](std::vector<std::pair<std::int64_t, std::size_t>>& v, std::int64_t i) {
     for (std::size_t k = v.size(); k-- > 0;)
       if (v[k].first == i) return static_cast<std::ptrdiff_t>(k);
@@ -415,19 +428,29 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
         break;
       case K::snapshot:
         REMAT_CHECK(pos == i && find(kept, i) < 0, "schedule: action {} snapshots x_{} at position {}", a, i, pos);
-        kept.emplace_back(i, state(i));
+        kept.emplace_back(i, act.disk ? 0 : state(i));  // a snapshot on disk holds no memory
+        kept_on_disk.push_back(act.disk);
         bytes += kept.back().second;
+        if (act.disk) {
+          ++p.disk_writes;
+          p.peak_disk_snapshots = std::max(p.peak_disk_snapshots, ++on_disk);
+        }
         break;
-      case K::restore:
-        REMAT_CHECK(find(kept, i) >= 0, "schedule: action {} restores x_{}, which is not kept", a, i);
+      case K::restore: {
+        const std::ptrdiff_t k = find(kept, i);
+        REMAT_CHECK(k >= 0, "schedule: action {} restores x_{}, which is not kept", a, i);
         REMAT_CHECK(forward_done, "schedule: the forward phase (up to recording the last step) must not restore");
+        if (kept_on_disk[static_cast<std::size_t>(k)]) ++p.disk_reads;
         pos = i;
         break;
+      }
       case K::free: {
         const std::ptrdiff_t k = find(kept, i);
         REMAT_CHECK(k >= 0, "schedule: action {} frees x_{}, which is not kept", a, i);
         bytes -= kept[static_cast<std::size_t>(k)].second;
+        if (kept_on_disk[static_cast<std::size_t>(k)]) --on_disk;
         kept.erase(kept.begin() + k);
+        kept_on_disk.erase(kept_on_disk.begin() + k);
         break;
       }
       case K::record: {
@@ -474,6 +497,7 @@ struct Policy {
   std::string name;
   bool needs_costs = false;
   std::function<std::unique_ptr<ActionStream>(std::int64_t L, const std::vector<StepCost>* costs)> stream;
+  std::string disk_directory = {};  ///< where snapshots the schedule puts on disk go (two_tier)
 };
 
 namespace detail {
@@ -646,6 +670,9 @@ inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>* c
   }
   Plan out = detail::analyse(p.name, L, std::move(make), costs);
   out.note = std::move(note);
+  out.disk_directory = p.disk_directory;
+  REMAT_CHECK(out.disk_writes == 0 || !out.disk_directory.empty(),
+              "plan: policy {} keeps snapshots on disk but names no directory for them", p.name);
   return out;
 }
 inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>& costs) { return plan(p, L, &costs); }
@@ -655,6 +682,9 @@ inline std::string Plan::str() const {
                                 "{} recorded steps alive", policy, steps, advances, records, peak_snapshots, peak_recorded);
   if (has_costs) out += fmt::format(", predicted peak {} bytes ({} at the end of forward), compute {:.4g}", peak_bytes,
                                     forward_end_bytes, compute);
+  if (disk_writes > 0)
+    out += fmt::format(", {} snapshots written to disk (at most {} there at once) and {} read back", disk_writes,
+                       peak_disk_snapshots, disk_reads);
   if (!note.empty()) out += fmt::format("\nnote: {}", note);
   out += fmt::format("\n{:<9} {:<9} {:<12}\n", "phase", "action", "steps");
   // Runs of the same action over consecutive steps print as one line; streamed, so a long plan
@@ -670,7 +700,8 @@ inline std::string Plan::str() const {
   auto flush = [&] {
     if (!open) return;
     const std::string range = last_step == first.step ? fmt::format("{}", first.step) : fmt::format("{}..{}", first.step, last_step);
-    out += fmt::format("{:<9} {:<9} {:<12}\n", first_forward ? "forward" : "backward", detail::action_name(first.kind), range);
+    out += fmt::format("{:<9} {:<9} {:<12}{}\n", first_forward ? "forward" : "backward", detail::action_name(first.kind),
+                       range, first.kind == K::snapshot && first.disk ? " to disk" : "");
     open = false;
   };
   for (; s->next(a); ++index) {
