@@ -2,7 +2,9 @@
 // L steps under a policy. Reports, per step, the process's resident growth at the end of forward
 // (everything the chain holds: tensors and bookkeeping), the tensor bytes the library's books
 // count as saved, and the time per step of the forward, the backward and (binomial) per action.
-//   chain_overhead --steps 100000 --policy none|binomial:S|sqrt
+//   chain_overhead --steps 100000 --policy none|binomial:S|sqrt [--step rnn|scale]
+// With --step scale every step is one multiply of 32 floats: what is left is mostly the executor's
+// cost per action (and per recorded step: a tape and a node); --step rnn shows one cell's beside it.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -24,7 +26,7 @@ long rss_kb() {
 
 int main(int argc, char** argv) try {
   using namespace remat;
-  std::map<std::string, std::string> a{{"steps", "100000"}, {"policy", "none"}};
+  std::map<std::string, std::string> a{{"steps", "100000"}, {"policy", "none"}, {"step", "rnn"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = std::string(argv[i]).substr(2);
     REMAT_CHECK(a.count(k), "chain_overhead: unknown flag --{}", k);
@@ -33,7 +35,10 @@ int main(int argc, char** argv) try {
   const std::int64_t L = std::stoll(a["steps"]);
   Generator g(1);
   Tensor w = (randn({32, 32}, g) * 0.2f).detach().requires_grad_();
-  const ChainStep cell = [&w](const Tensor& h) { return tanh(matmul(h, w)); };
+  const bool identity = a["step"] == "scale";
+  REMAT_CHECK(identity || a["step"] == "rnn", "chain_overhead: --step is rnn or scale, got {}", a["step"]);
+  const ChainStep cell = identity ? ChainStep([](const Tensor& h) { return h * 1.0f; })
+                                  : ChainStep([&w](const Tensor& h) { return tanh(matmul(h, w)); });
   const std::vector<ChainStep> steps(static_cast<std::size_t>(L), cell);
   const Tensor x = randn({1, 32}, g).requires_grad_();
   const Checkpointing how = policy::parse(a["policy"]);
@@ -50,13 +55,16 @@ int main(int argc, char** argv) try {
   const std::size_t saved1 = memory_stats().saved_bytes;
   sum(y).backward();
   const auto t2 = std::chrono::steady_clock::now();
+  const Plan planned = plan(p, L);
   const double fwd = std::chrono::duration<double, std::micro>(t1 - t0).count();
   const double bwd = std::chrono::duration<double, std::micro>(t2 - t1).count();
   fmt::print("{{\"policy\": \"{}\", \"steps\": {}, \"rss_growth_per_step_B\": {:.0f}, \"saved_per_step_B\": {:.0f}, "
-             "\"forward_us_per_step\": {:.3f}, \"backward_us_per_step\": {:.3f}, \"advances\": {}, \"records\": {}}}\n",
+             "\"forward_us_per_step\": {:.3f}, \"backward_us_per_step\": {:.3f}, \"advances\": {}, \"records\": {}, "
+             "\"actions\": {}, \"us_per_action\": {:.3f}, \"step\": \"{}\"}}\n",
              a["policy"], L, 1024.0 * static_cast<double>(rss1 - rss0) / static_cast<double>(L),
              static_cast<double>(saved1 - saved0) / static_cast<double>(L), fwd / static_cast<double>(L),
-             bwd / static_cast<double>(L), counts->advances, counts->records);
+             bwd / static_cast<double>(L), counts->advances, counts->records, planned.actions,
+             (fwd + bwd) / static_cast<double>(planned.actions), a["step"]);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "{}\n", e.what());

@@ -1,7 +1,7 @@
 // Online placement against the offline optimum: for every chain length L up to --max-steps, the
 // reversal cost of the snapshots OnlinePlacement kept while not knowing L, over F(L, s). Prints
 // the worst ratio per s, where it occurs, and the share of lengths at the optimum exactly.
-//   online_ratio --max-steps 100000 --snaps 3,5,10,20 [--horizon 1.25] [--sample 1000000]
+//   online_ratio --max-steps 100000 --snaps 3,5,10,20 [--horizon 1.2] [--sample 1000000]
 #include <chrono>
 #include <map>
 #include <sstream>
@@ -11,7 +11,7 @@
 #include <remat/remat.hpp>
 
 int main(int argc, char** argv) try {
-  std::map<std::string, std::string> a{{"max-steps", "100000"}, {"snaps", "3,5,10,20"}, {"horizon", "1.25"}, {"sample", "0"}};
+  std::map<std::string, std::string> a{{"max-steps", "100000"}, {"snaps", "3,5,10,20"}, {"horizon", "1.2"}, {"sample", "0"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = std::string(argv[i]).substr(2);
     REMAT_CHECK(a.count(k), "online_ratio: unknown flag --{}", k);

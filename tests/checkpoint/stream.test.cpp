@@ -165,3 +165,26 @@ TEST_CASE("step log: per-step notes stored as runs read back exactly", "[chain][
   CHECK(shapes.runs() == 2);
   CHECK(rng.runs() < 400);  // the regular first half is one run
 }
+
+TEST_CASE("plan: a malformed schedule is an error saying what is wrong with it", "[schedule][misuse]") {
+  using K = Action::Kind;
+  auto policy_of = [](Schedule actions) {
+    return Policy{"custom", false, [actions](std::int64_t, const std::vector<StepCost>*) -> std::unique_ptr<ActionStream> {
+                    return std::make_unique<detail::ListStream>(actions);
+                  }};
+  };
+  // Well-formed: record both, reverse newest first.
+  CHECK(remat::plan(policy_of({{K::record, 0}, {K::record, 1}, {K::reverse, 1}, {K::reverse, 0}}), 2).records == 2);
+  REQUIRE_ERROR(remat::plan(policy_of({{K::record, 0}, {K::record, 1}, {K::reverse, 0}, {K::reverse, 1}}), 2),
+                "reverses step 0", "step 1 is next");
+  REQUIRE_ERROR(remat::plan(policy_of({{K::snapshot, 0}, {K::snapshot, 0}, {K::record, 0}, {K::reverse, 0}, {K::free, 0}}), 1),
+                "x_0 was kept and never freed");
+  REQUIRE_ERROR(remat::plan(policy_of({{K::snapshot, 0}, {K::record, 0}, {K::restore, 0}, {K::record, 0}, {K::reverse, 0},
+                                       {K::free, 0}}), 1),
+                "recorded and never reversed");
+  REQUIRE_ERROR(remat::plan(policy_of({{K::snapshot, 0}, {K::advance, 0}, {K::restore, 0}, {K::record, 0}, {K::record, 1},
+                                       {K::reverse, 1}, {K::reverse, 0}, {K::free, 0}}), 2),
+                "forward phase", "must not restore");
+  REQUIRE_ERROR(remat::plan(policy_of({{K::restore, 3}}), 4), "restores x_3", "not kept");
+  REQUIRE_ERROR(remat::plan(policy_of({{K::advance, 0, 5}}), 4), "advances steps 0..4");
+}

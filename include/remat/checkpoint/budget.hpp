@@ -213,9 +213,10 @@ inline BudgetModel budget_model(const std::vector<StepCost>& costs, std::int64_t
     m.resolution = m.resolution * 3 / 4;
   std::vector<std::string> notes;
   if (G < L)
-    notes.push_back(fmt::format("{} steps planned as {} groups of {}-{} consecutive steps (the exact planner's limit is "
-                                "{} steps): optimal among schedules that keep states only at group boundaries",
-                                L, G, L / G, (L + G - 1) / G, limits.max_steps));
+    notes.push_back(fmt::format("{} steps planned as {} groups of {} consecutive steps (the exact planner's limit is "
+                                "{} steps): optimal among schedules that keep states only at group boundaries", L, G,
+                                L % G == 0 ? fmt::format("{}", L / G) : fmt::format("{}-{}", L / G, L / G + 1),
+                                limits.max_steps));
   if (m.resolution < resolution)
     notes.push_back(fmt::format("bytes counted in 1/{} of the budget rather than 1/{}, to keep the table within {} MB",
                                 m.resolution, resolution, limits.max_table_bytes >> 20));

@@ -393,7 +393,8 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
   std::int64_t pos = 0, next_reverse = L - 1;
   // Kept snapshots and recorded steps, with their bytes. Schedules use them last-in first-out
   // (restore and free the newest snapshot, reverse the newest record), so searches start at the
-  // back and are O(1) in practice; no allocation per action.
+  // back and are O(1) in practice; no allocation per action, and no search on insertion (a
+  // duplicate shows at the end as a state never freed or a record never reversed).
   std::vector<std::pair<std::int64_t, std::size_t>> kept, recorded;
   std::vector<bool> kept_on_disk;  // beside kept
   std::int64_t on_disk = 0;
@@ -427,7 +428,8 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
           for (std::int64_t k = i; k < i + act.count; ++k) p.compute += (*costs)[static_cast<std::size_t>(k)].compute;
         break;
       case K::snapshot:
-        REMAT_CHECK(pos == i && find(kept, i) < 0, "schedule: action {} snapshots x_{} at position {}", a, i, pos);
+        // (A second snapshot of a kept state is caught at the end: one of the two is never freed.)
+        REMAT_CHECK(pos == i, "schedule: action {} snapshots x_{} at position {}", a, i, pos);
         kept.emplace_back(i, act.disk ? 0 : state(i));  // a snapshot on disk holds no memory
         kept_on_disk.push_back(act.disk);
         bytes += kept.back().second;
@@ -454,8 +456,8 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
         break;
       }
       case K::record: {
-        REMAT_CHECK(pos == i && i < L && find(recorded, i) < 0, "schedule: action {} records step {} at position {}", a,
-                    i, pos);
+        // (A step recorded twice is caught at the end: one of the two records is never reversed.)
+        REMAT_CHECK(pos == i && i < L, "schedule: action {} records step {} at position {}", a, i, pos);
         const std::size_t b = costs ? (*costs)[static_cast<std::size_t>(i)].activation_bytes : 0;
         recorded.emplace_back(i, b);
         bytes += b;
@@ -485,6 +487,8 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
     }
   }
   REMAT_CHECK(forward_done && next_reverse == -1, "schedule: not every step was reversed ({} left)", next_reverse + 1);
+  REMAT_CHECK(recorded.empty(), "schedule: step {} was recorded and never reversed", recorded.empty() ? 0 : recorded.back().first);
+  REMAT_CHECK(kept.empty(), "schedule: x_{} was kept and never freed", kept.empty() ? 0 : kept.back().first);
   p.actions = a;
   p.stream = std::move(make_stream);
   return p;
