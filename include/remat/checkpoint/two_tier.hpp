@@ -10,11 +10,14 @@
 // optimal dynamic program, which can also space disk snapshots differently from memory ones.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "remat/checkpoint/schedule.hpp"
 
