@@ -9,11 +9,13 @@
 //   A(P, L) = Σ_{j<K} [(p_{j+1} − p_j) + F(p_{j+1} − p_j, s − j)] + F(L − p_K, s − K)
 // non-recording step executions (the forward sweep through each earlier interval, then each
 // interval reversed from its snapshot with the slots the earlier ones leave). While slots are
-// free every state is kept (optimal while L ≤ s + 1, where F(L, s) = L − 1); after that, reaching
-// x_t the placement either leaves the set alone or drops one snapshot and keeps x_t, whichever
-// minimises A for the horizon H = ⌈1.25 t⌉: the chain is assumed to go on a quarter longer than
-// it has so far. The horizon was chosen by simulating 1.1, 1.25, 1.5 and 2 against the offline
-// optimum F(L, s) (tests and the closing note give the ratios); a decision costs O(s²·r).
+// free every state is kept, and then nothing new until t = s + 2: optimal for every L ≤ s + 2,
+// and no placement is optimal for every L beyond (an exhaustive search for s = 3, 4, 5). From
+// there, reaching x_t the placement either leaves the set alone or drops one snapshot and keeps
+// x_t, whichever minimises the worst ratio A(P, H)/F(H, s) over the horizons H ∈ {t + 1, t + 2,
+// ⌈1.1 t⌉, ⌈h t⌉}, h = 1.2: the chain is assumed to go on a little longer than it has. The
+// horizons were chosen by simulating against the offline optimum (the tests and
+// bench_online_ratio give the ratios); a decision costs O(s) evaluations of F.
 
 #include <algorithm>
 #include <cmath>
@@ -49,7 +51,10 @@ class OnlinePlacement {
       d.keep = true;
       return d;
     }
-    if (s_ == 1) return d;
+    // Keeping x_0 .. x_{s−1} and nothing new is optimal for chains ending at L = s + 1 and s + 2;
+    // no placement stays optimal beyond that (exhaustive search, s = 3, 4, 5), so only from
+    // there on does the choice trade one length against another.
+    if (s_ == 1 || t <= s_ + 1) return d;
     // A(P, H) for P as it is, and for P without p_k and with t, k = 1..s−1, in O(s) evaluations
     // of F: intervals before k keep their slots, the two around p_k merge, those after it gain
     // one slot (one fewer snapshot before them), and t starts the last interval, with one slot.
