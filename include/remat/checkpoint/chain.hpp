@@ -93,6 +93,14 @@ inline std::vector<StepCost> measure_steps(const std::vector<ChainStep>& steps, 
 namespace detail {
 
 struct ChainRun {
+  /// A run named `name` starting from x, with the thread's checking, early-stop and debug modes.
+  ChainRun(std::string run_name, const Tensor& x)
+      : name(std::move(run_name)), check_values(checkpoint_checking_flag()),
+        early_stop(checkpoint_early_stop_flag() && !check_values), debug(checkpoint_debug_flag()),
+        current(x.detach()) {
+    if (x.requires_grad()) input_meta = x.meta();
+  }
+
   std::vector<ChainStep> steps;
   Plan plan;
   std::string name;           // "chain[policy]", in errors
@@ -187,6 +195,36 @@ struct ChainRun {
                                  "forward; it depends on state that changed in between", name, i, steps.size(),
                                  y.shape()));
     return y;
+  }
+
+  /// The chain's output x_L as one node on the tape, taking x as its input, whose backward runs
+  /// the rest of the plan; x_L plainly when no recorded step needs a gradient.
+  static Tensor finish(const std::shared_ptr<ChainRun>& run, const Tensor& x, std::string node_name) {
+    Tensor out = run->current;
+    bool any_grad = false;
+    for (auto& [i, r] : run->recorded) any_grad = any_grad || r.output.requires_grad();
+    if (!any_grad || !is_grad_enabled()) return out;
+    // The snapshots kept in forward are held by the run; the node saves nothing of its own.
+    record<float>(std::move(node_name), {x}, {&out}, {}, [run](BackwardContext<float>& ctx) {
+      run->outside_reads.check_versions(run->name);
+      run->grad = copy_of(ctx.grad_output());
+      run->retaining = ctx.retain_graph();
+      try {
+        run->run_backward();
+      } catch (...) {
+        // A failed reversal cannot be resumed: drop what the run holds now — its files on disk
+        // included — rather than when the tape next drops this node.
+        run->kept.clear();
+        run->recorded.clear();
+        throw;
+      }
+      if (run->report) *run->report = run->counts;
+      if (!run->retaining) {
+        run->kept.clear();
+        run->recorded.clear();
+      }
+    });
+    return out;
   }
 
   /// Runs the forward part of the plan: its first forward_actions actions.
@@ -304,43 +342,12 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
     measured = measure_steps(steps, x);
     costs = &measured;
   }
-  auto run = std::make_shared<detail::ChainRun>();
+  auto run = std::make_shared<detail::ChainRun>(fmt::format("checkpoint_sequential[{}]", policy.name), x);
   run->steps = steps;
   run->plan = plan(policy, L, costs);
-  run->name = fmt::format("checkpoint_sequential[{}]", policy.name);
-  run->check_values = detail::checkpoint_checking_flag();
-  run->early_stop = detail::checkpoint_early_stop_flag() && !run->check_values;
-  run->debug = detail::checkpoint_debug_flag();
-  run->current = x.detach();
-  if (x.requires_grad()) run->input_meta = x.meta();
   run->report = counts;
   run->run_forward();
-
-  Tensor out = run->current;
-  bool any_grad = false;
-  for (auto& [i, r] : run->recorded) any_grad = any_grad || r.output.requires_grad();
-  if (!any_grad) return out;
-  // The snapshots kept in forward are held by the run; the node saves nothing of its own.
-  detail::record<float>(fmt::format("chain[{}]", policy.name), {x}, {&out}, {}, [run](detail::BackwardContext<float>& ctx) {
-    run->outside_reads.check_versions(run->name);
-    run->grad = detail::copy_of(ctx.grad_output());
-    run->retaining = ctx.retain_graph();
-    try {
-      run->run_backward();
-    } catch (...) {
-      // A failed reversal cannot be resumed: drop what the run holds now — its files on disk
-      // included — rather than when the tape next drops this node.
-      run->kept.clear();
-      run->recorded.clear();
-      throw;
-    }
-    if (run->report) *run->report = run->counts;
-    if (!run->retaining) {
-      run->kept.clear();
-      run->recorded.clear();
-    }
-  });
-  return out;
+  return detail::ChainRun::finish(run, x, fmt::format("chain[{}]", policy.name));
 }
 
 /// Modules (e.g. a GPT's blocks) as chain steps, held by reference.

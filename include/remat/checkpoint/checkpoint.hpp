@@ -109,11 +109,6 @@ struct Segment {
   }
 };
 
-template <class U>
-const char* dtype_of(const BasicTensor<U>&) {
-  return dtype_name<U>();
-}
-
 }  // namespace detail
 
 /// Runs fn(args...) as a checkpointed segment and returns what it returns. Tensors among the
@@ -186,7 +181,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     o.defined = t.defined();
     if (o.defined) {
       o.shape = t.shape();
-      o.dtype = detail::dtype_of(t);
+      o.dtype = t.dtype();
       if (seg.check_values) o.hash = detail::fingerprint(t);
       if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
         if (t.requires_grad()) {
@@ -232,12 +227,12 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
           throw CheckpointError(fmt::format("{}: the replay returned more tensors than the forward's {}", who,
                                             seg.outputs.size()));
         const detail::SegmentOutput& o = seg.outputs[i];
-        const bool same = t.defined() == o.defined && (!o.defined || (t.shape() == o.shape && std::strcmp(detail::dtype_of(t), o.dtype) == 0));
+        const bool same = t.defined() == o.defined && (!o.defined || (t.shape() == o.shape && std::strcmp(t.dtype(), o.dtype) == 0));
         if (!same)
           throw CheckpointError(fmt::format(
               "{}: replay produced output {} as {}, but the forward produced {}; the segment must compute the same "
               "thing when replayed (no dependence on state it changes)", who, i,
-              t.defined() ? fmt::format("shape {} ({})", t.shape(), detail::dtype_of(t)) : std::string("undefined"),
+              t.defined() ? fmt::format("shape {} ({})", t.shape(), t.dtype()) : std::string("undefined"),
               o.defined ? fmt::format("shape {} ({})", o.shape, o.dtype) : std::string("undefined")));
         if (seg.check_values && o.defined && detail::fingerprint(t) != o.hash)
           throw CheckpointError(fmt::format(

@@ -201,13 +201,7 @@ class OnlineReversal final : public ActionStream {
 class OnlineChain {
  public:
   OnlineChain(const Tensor& x, std::int64_t snapshots, std::string name = "online_chain")
-      : run_(std::make_shared<detail::ChainRun>()), placement_(snapshots), input_(x) {
-    run_->name = std::move(name);
-    run_->check_values = detail::checkpoint_checking_flag();
-    run_->early_stop = detail::checkpoint_early_stop_flag() && !run_->check_values;
-    run_->debug = detail::checkpoint_debug_flag();
-    run_->current = x.detach();
-    if (x.requires_grad()) run_->input_meta = x.meta();
+      : run_(std::make_shared<detail::ChainRun>(std::move(name), x)), placement_(snapshots), input_(x) {
     run_->execute({Action::Kind::snapshot, 0}, nullptr, true);
   }
 
@@ -250,31 +244,7 @@ class OnlineChain {
       return std::make_unique<detail::OnlineReversal>(*positions, L, s);
     };
     run_->report = std::move(counts);
-    Tensor out = run_->current;
-    bool any_grad = false;
-    for (auto& [i, r] : run_->recorded) any_grad = any_grad || r.output.requires_grad();
-    if (!any_grad || !is_grad_enabled()) return out;
-    auto run = run_;
-    detail::record<float>(run->name, {input_}, {&out}, {}, [run](detail::BackwardContext<float>& ctx) {
-      run->outside_reads.check_versions(run->name);
-      run->grad = detail::copy_of(ctx.grad_output());
-      run->retaining = ctx.retain_graph();
-      try {
-      run->run_backward();
-    } catch (...) {
-      // A failed reversal cannot be resumed: drop what the run holds now — its files on disk
-      // included — rather than when the tape next drops this node.
-      run->kept.clear();
-      run->recorded.clear();
-      throw;
-    }
-      if (run->report) *run->report = run->counts;
-      if (!run->retaining) {
-        run->kept.clear();
-        run->recorded.clear();
-      }
-    });
-    return out;
+    return detail::ChainRun::finish(run_, input_, run_->name);
   }
 
  private:

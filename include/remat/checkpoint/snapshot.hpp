@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "remat/checkpoint/replay.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -48,7 +49,7 @@ class DiskSnapshot final : public Snapshot {
     static std::atomic<std::uint64_t> serial{0};
     path_ = fmt::format("{}/remat-{}-{}-x{}.snapshot", directory, ::getpid(), serial.fetch_add(1), position);
     bytes_ = t.nbytes();
-    hash_ = hash(reinterpret_cast<const unsigned char*>(t.data()), bytes_);
+    hash_ = fingerprint(t);
     std::ofstream out(path_, std::ios::binary | std::ios::trunc);
     REMAT_CHECK(out.good(), "chain snapshot: cannot create '{}' (does the directory exist and is it writable?)", path_);
     Header header{kMagic, static_cast<std::uint64_t>(shape_.rank()), {}, bytes_, hash_};
@@ -82,7 +83,7 @@ class DiskSnapshot final : public Snapshot {
                 "chain snapshot: the file '{}' is truncated: {} of {} bytes of state {} left", path_, in.gcount(),
                 bytes_, shape_);
     REMAT_CHECK(in.peek() == std::char_traits<char>::eof(), "chain snapshot: the file '{}' has bytes past its end", path_);
-    REMAT_CHECK(hash(reinterpret_cast<const unsigned char*>(static_cast<const Tensor&>(t).data()), bytes_) == hash_,
+    REMAT_CHECK(fingerprint(t) == hash_,
                 "chain snapshot: the bytes in '{}' changed since they were written (state {})", path_, shape_);
     return t;
   }
@@ -98,11 +99,6 @@ class DiskSnapshot final : public Snapshot {
     std::uint64_t bytes;
     std::uint64_t hash;
   };
-  static std::uint64_t hash(const unsigned char* p, std::size_t n) {
-    std::uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-  }
 
   Shape shape_;
   std::string path_;

@@ -10,14 +10,11 @@
 // optimal dynamic program, which can also space disk snapshots differently from memory ones.
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "remat/checkpoint/schedule.hpp"
 
@@ -31,47 +28,14 @@ struct TierCosts {
 
 namespace detail {
 
-/// What a two-tier binomial schedule does, counted without holding it.
-struct TierCount {
-  std::int64_t advances = 0, writes = 0, reads = 0;
-  double time(const TierCosts& c) const {
-    return static_cast<double>(advances) + c.write * static_cast<double>(writes) + c.read * static_cast<double>(reads);
-  }
-};
-
-inline TierCount count_two_tier(std::int64_t L, std::int64_t slots, std::int64_t disk_depth) {
-  TierCount n;
-  BinomialStream stream(L, slots, disk_depth);
-  std::vector<std::pair<std::int64_t, bool>> kept;  // position, on disk
-  std::array<Action, 256> batch;
-  for (std::size_t got; (got = stream.next(batch.data(), batch.size())) > 0;) {
-    for (std::size_t k = 0; k < got; ++k) {
-      const Action& a = batch[k];
-      switch (a.kind) {
-        case Action::Kind::advance: n.advances += a.count; break;
-        case Action::Kind::snapshot:
-          kept.emplace_back(a.step, a.disk);
-          n.writes += a.disk ? 1 : 0;
-          break;
-        case Action::Kind::restore:
-          for (auto it = kept.rbegin(); it != kept.rend(); ++it)
-            if (it->first == a.step) {
-              n.reads += it->second ? 1 : 0;
-              break;
-            }
-          break;
-        case Action::Kind::free:
-          for (auto it = kept.rbegin(); it != kept.rend(); ++it)
-            if (it->first == a.step) {
-              kept.erase(std::next(it).base());
-              break;
-            }
-          break;
-        default: break;
-      }
-    }
-  }
-  return n;
+/// Predicted time of the two-tier binomial schedule with `slots` slots, the `disk_depth`
+/// shallowest on disk: plan()'s counting pass over its stream.
+inline double two_tier_time(std::int64_t L, std::int64_t slots, std::int64_t disk_depth, const TierCosts& c) {
+  const Plan p = analyse("two_tier candidate", L, [=]() -> std::unique_ptr<ActionStream> {
+    return std::make_unique<BinomialStream>(L, slots, disk_depth);
+  }, nullptr);
+  return static_cast<double>(p.advances) + c.write * static_cast<double>(p.disk_writes) +
+         c.read * static_cast<double>(p.disk_reads);
 }
 
 }  // namespace detail
@@ -104,7 +68,7 @@ inline Policy two_tier(std::int64_t ram_slots, std::int64_t disk_slots, std::str
                if (it == choices->disk_used.end()) {
                  double best = 0;
                  for (std::int64_t d = ram_slots == 0 ? 1 : 0; d <= disk_slots; ++d) {
-                   const double t = detail::count_two_tier(L, ram_slots + d, d).time(costs);
+                   const double t = detail::two_tier_time(L, ram_slots + d, d, costs);
                    if (d == (ram_slots == 0 ? 1 : 0) || t < best) {
                      best = t;
                      k = d;
