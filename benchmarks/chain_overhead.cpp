@@ -2,9 +2,11 @@
 // L steps under a policy. Reports, per step, the process's resident growth at the end of forward
 // (everything the chain holds: tensors and bookkeeping), the tensor bytes the library's books
 // count as saved, and the time per step of the forward, the backward and (binomial) per action.
-//   chain_overhead --steps 100000 --policy none|binomial:S|sqrt [--step rnn|scale]
+//   chain_overhead --steps 100000 --policy none|binomial:S|sqrt [--step rnn|scale] [--records compact|full]
 // With --step scale every step is one multiply of 32 floats: what is left is mostly the executor's
 // cost per action (and per recorded step: a tape and a node); --step rnn shows one cell's beside it.
+// --records full keeps the graph of every step recorded in forward (early stop off) instead of
+// holding it by what its backward reads (compact_records.hpp).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,7 +28,7 @@ long rss_kb() {
 
 int main(int argc, char** argv) try {
   using namespace remat;
-  std::map<std::string, std::string> a{{"steps", "100000"}, {"policy", "none"}, {"step", "rnn"}};
+  std::map<std::string, std::string> a{{"steps", "100000"}, {"policy", "none"}, {"step", "rnn"}, {"records", "compact"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = std::string(argv[i]).substr(2);
     REMAT_CHECK(a.count(k), "chain_overhead: unknown flag --{}", k);
@@ -39,8 +41,9 @@ int main(int argc, char** argv) try {
   REMAT_CHECK(identity || a["step"] == "rnn", "chain_overhead: --step is rnn or scale, got {}", a["step"]);
   const ChainStep cell = identity ? ChainStep([](const Tensor& h) { return h * 1.0f; })
                                   : ChainStep([&w](const Tensor& h) { return tanh(matmul(h, w)); });
-  const std::vector<ChainStep> steps(static_cast<std::size_t>(L), cell);
   const Tensor x = randn({1, 32}, g).requires_grad_();
+  const bool compact = a["records"] == "compact";
+  REMAT_CHECK(compact || a["records"] == "full", "chain_overhead: --records is compact or full, got {}", a["records"]);
   const Checkpointing how = policy::parse(a["policy"]);
   REMAT_CHECK(how.kind != Checkpointing::Kind::each_block, "chain_overhead: {} is not a chain schedule", a["policy"]);
   const Policy p = how.schedule ? *how.schedule : policy::none();
@@ -49,7 +52,10 @@ int main(int argc, char** argv) try {
   const std::size_t saved0 = memory_stats().saved_bytes;
   auto counts = std::make_shared<ChainCounts>();
   const auto t0 = std::chrono::steady_clock::now();
-  Tensor y = checkpoint_sequential(steps, x, p, nullptr, counts);
+  Tensor y = compact ? checkpoint_sequential(cell, L, x, p, nullptr, counts) : [&] {
+    CheckpointEarlyStop full_records(false);  // steps recorded in forward keep their graphs
+    return checkpoint_sequential(cell, L, x, p, nullptr, counts);
+  }();
   const auto t1 = std::chrono::steady_clock::now();
   const long rss1 = rss_kb();
   const std::size_t saved1 = memory_stats().saved_bytes;
@@ -60,11 +66,11 @@ int main(int argc, char** argv) try {
   const double bwd = std::chrono::duration<double, std::micro>(t2 - t1).count();
   fmt::print("{{\"policy\": \"{}\", \"steps\": {}, \"rss_growth_per_step_B\": {:.0f}, \"saved_per_step_B\": {:.0f}, "
              "\"forward_us_per_step\": {:.3f}, \"backward_us_per_step\": {:.3f}, \"advances\": {}, \"records\": {}, "
-             "\"actions\": {}, \"us_per_action\": {:.3f}, \"step\": \"{}\"}}\n",
+             "\"actions\": {}, \"us_per_action\": {:.3f}, \"step\": \"{}\", \"held\": \"{}\", \"rebuilt\": {}}}\n",
              a["policy"], L, 1024.0 * static_cast<double>(rss1 - rss0) / static_cast<double>(L),
              static_cast<double>(saved1 - saved0) / static_cast<double>(L), fwd / static_cast<double>(L),
              bwd / static_cast<double>(L), counts->advances, counts->records, planned.actions,
-             (fwd + bwd) / static_cast<double>(planned.actions), a["step"]);
+             (fwd + bwd) / static_cast<double>(planned.actions), a["step"], a["records"], counts->rebuilt);
   return 0;
 } catch (const std::exception& e) {
   fmt::print(stderr, "{}\n", e.what());

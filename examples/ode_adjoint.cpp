@@ -53,7 +53,8 @@ Tensor integrate(const Tensor& x0, const Tensor& w, const Args& a, std::int64_t 
     double t = 0;
     const double t_end = static_cast<double>(steps) * a.dt;
     while (t < t_end - 0.5 * a.dt) {  // the integrator does not need to know how many steps remain
-      chain.advance(step);
+      if (chain.steps() == 0) chain.advance(step);
+      else chain.advance();  // the same step function again: held once
       t += a.dt;
     }
     out = chain.finish(counts);
@@ -70,7 +71,7 @@ Tensor integrate(const Tensor& x0, const Tensor& w, const Args& a, std::int64_t 
       throw Error(fmt::format("ode_adjoint: unknown policy '{}' (none, binomial:S, two_tier:R+D, online:S)", a.policy));
     }
     if (plan_out) *plan_out = plan(p, steps);
-    out = checkpoint_sequential(std::vector<ChainStep>(static_cast<std::size_t>(steps), step), x0, p, nullptr, counts);
+    out = checkpoint_sequential(step, steps, x0, p, nullptr, counts);
   }
   return out;
 }

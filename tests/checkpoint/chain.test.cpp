@@ -46,20 +46,35 @@ TEST_CASE("chain: the executor does what the plan says, replaying with is_replay
       return tanh(matmul(h, weights[static_cast<std::size_t>(i)]));
     });
   const Tensor x = randn({2, 4}, g);
-  for (const Policy& p : every_policy()) {
-    INFO(p.name);
-    real = replays = 0;
-    auto counts = std::make_shared<ChainCounts>();
-    const std::vector<StepCost> costs = measure_steps(steps, x);
-    real = replays = 0;
-    Tensor y = checkpoint_sequential(steps, x, p, &costs, counts);
-    sum(y).backward();
-    const Plan expected = plan(p, L, costs);
-    CHECK(counts->advances == expected.advances);
-    CHECK(counts->records == expected.records);
-    CHECK(counts->peak_snapshots == expected.peak_snapshots);
-    CHECK(real == L);  // each step runs once for real, in the forward pass
-    CHECK(replays == expected.advances + expected.records - L);
+  for (const bool compact : {true, false}) {
+    for (const Policy& p : every_policy()) {
+      INFO(p.name << (compact ? ", compact records" : ", full records"));
+      real = replays = 0;
+      auto counts = std::make_shared<ChainCounts>();
+      const std::vector<StepCost> costs = measure_steps(steps, x);
+      real = replays = 0;
+      const Plan expected = plan(p, L, costs);
+      {
+        CheckpointEarlyStop records(compact);
+        Tensor y = checkpoint_sequential(steps, x, p, &costs, counts);
+        sum(y).backward();
+      }
+      CHECK(counts->advances == expected.advances);
+      CHECK(counts->records == expected.records);
+      CHECK(counts->peak_snapshots == expected.peak_snapshots);
+      CHECK(real == L);  // each step runs once for real, in the forward pass
+      // Steps recorded in forward are held compactly and rebuilt when reversed (a run of the
+      // step with is_replaying set that computes nothing), unless early stop is off.
+      std::int64_t forward_records = 0;
+      const auto stream = expected.stream();
+      Action a{Action::Kind::free, 0};
+      for (std::size_t k = 0; k < expected.forward_actions && stream->next(a);) {
+        forward_records += a.kind == Action::Kind::record;
+        ++k;
+      }
+      CHECK(counts->rebuilt == (compact ? forward_records : 0));
+      CHECK(replays == expected.advances + expected.records - L + counts->rebuilt);
+    }
   }
 }
 

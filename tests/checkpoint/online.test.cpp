@@ -1,5 +1,6 @@
 // Chains of unknown length: OnlinePlacement (pure, no tensors) and OnlineChain (the executor).
 
+#include <functional>
 #include <set>
 
 #include "checkpoint/support_checkpoint.hpp"
@@ -76,6 +77,44 @@ TEST_CASE("online: well-formed for every L in 1..2000 and s in 1..10, never abov
       // placement can be (past s + 2 none is, for every L).
       if (L <= s + 2) REQUIRE(online == best);
       if (s >= 3) REQUIRE(static_cast<double>(online) <= 1.2 * static_cast<double>(best));
+      place.at(L);
+    }
+  }
+}
+
+TEST_CASE("online: no placement is optimal at every L past s + 2 (exhaustive search), OnlinePlacement is up to it",
+          "[chain][online]") {
+  // Every sequence of decisions (at each state: keep it in a free slot, replace one snapshot but
+  // x_0 with it, or neither), followed while the placement stays at F(L, s) for every L so far.
+  for (std::int64_t s = 2; s <= 6; ++s) {
+    const OnlinePlacement model(s);
+    std::set<std::pair<std::int64_t, std::vector<std::int64_t>>> dead;
+    std::function<std::int64_t(std::int64_t, const std::vector<std::int64_t>&)> furthest =
+        [&](std::int64_t L, const std::vector<std::int64_t>& P) -> std::int64_t {
+      if (model.cost(P, L) != binomial_min_advances(L, s)) return L - 1;
+      if (L == 3 * s || dead.count({L, P})) return L;
+      std::vector<std::vector<std::int64_t>> next{P};
+      if (static_cast<std::int64_t>(P.size()) < s) {
+        next.push_back(P);
+        next.back().push_back(L);
+      } else {
+        for (std::size_t k = 1; k < P.size(); ++k) {
+          std::vector<std::int64_t> Q = P;
+          Q.erase(Q.begin() + static_cast<std::ptrdiff_t>(k));
+          Q.push_back(L);
+          next.push_back(Q);
+        }
+      }
+      std::int64_t best = L;
+      for (const auto& Q : next) best = std::max(best, furthest(L + 1, Q));
+      if (best < 3 * s) dead.insert({L, P});
+      return best;
+    };
+    INFO("s = " << s);
+    CHECK(furthest(1, {0}) == s + 2);
+    OnlinePlacement place(s);
+    for (std::int64_t L = 1; L <= s + 2; ++L) {
+      CHECK(place.cost(place.positions(), L) == binomial_min_advances(L, s));
       place.at(L);
     }
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "remat/checkpoint/budget.hpp"
+#include "remat/checkpoint/compact_records.hpp"
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
@@ -25,6 +26,7 @@
 #include "remat/core/factory.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/op_output.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/random.hpp"
 
 namespace remat {
@@ -37,6 +39,7 @@ struct ChainCounts {
   std::int64_t records = 0;
   std::int64_t peak_snapshots = 0;
   std::int64_t disk_writes = 0;
+  std::int64_t rebuilt = 0;  ///< steps recorded in forward, held compactly, rebuilt when reversed
 };
 
 namespace detail {
@@ -61,11 +64,13 @@ class FlopCounter final : public OpOutputHook {
 ///                    running its backward — more than the tape holds at the end of its forward
 ///                    when the step contains a checkpoint(), whose replay is part of reversing it.
 /// The dry-run backward gives no parameter a gradient, and the generator is put back.
-inline std::vector<StepCost> measure_steps(const std::vector<ChainStep>& steps, const Tensor& x) {
+template <class Steps = std::vector<ChainStep>>
+std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
   std::vector<StepCost> costs;
   const Generator::State rng = default_generator().state();
   Tensor h = x.detach();
-  for (const ChainStep& f : steps) {
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const ChainStep& f = steps[i];
     Tape scratch;
     TapeGuard use(scratch);
     const std::size_t before = memory_stats().saved_bytes;
@@ -92,16 +97,50 @@ inline std::vector<StepCost> measure_steps(const std::vector<ChainStep>& steps, 
 
 namespace detail {
 
+/// A chain's step functions by index: runs of steps that call one function (an RNN cell, an
+/// integrator's step) are held once, so a million steps of one cell cost one std::function.
+class ChainSteps {
+ public:
+  ChainSteps() = default;
+  explicit ChainSteps(const std::vector<ChainStep>& steps) {
+    for (const ChainStep& f : steps) push_back(f);
+  }
+  ChainSteps(ChainStep cell, std::int64_t count) {
+    push_back(std::move(cell));
+    size_ = static_cast<std::size_t>(count);
+  }
+  /// Appends a step with a function of its own.
+  void push_back(ChainStep f) { runs_.push_back({size_++, std::move(f)}); }
+  /// Appends a step calling the same function as the last one.
+  void repeat_last() {
+    REMAT_ASSERT(!runs_.empty());
+    ++size_;
+  }
+  const ChainStep& operator[](std::size_t i) const {
+    auto it = std::upper_bound(runs_.begin(), runs_.end(), i, [](std::size_t k, const Run& r) { return k < r.first; });
+    return std::prev(it)->f;
+  }
+  std::size_t size() const { return size_; }
+
+ private:
+  struct Run {
+    std::size_t first;
+    ChainStep f;
+  };
+  std::vector<Run> runs_;
+  std::size_t size_ = 0;
+};
+
 struct ChainRun {
   /// A run named `name` starting from x, with the thread's checking, early-stop and debug modes.
   ChainRun(std::string run_name, const Tensor& x)
       : name(std::move(run_name)), check_values(checkpoint_checking_flag()),
         early_stop(checkpoint_early_stop_flag() && !check_values), debug(checkpoint_debug_flag()),
-        current(x.detach()) {
+        compact(early_stop), current(x.detach()), input_shape(x.shape()) {
     if (x.requires_grad()) input_meta = x.meta();
   }
 
-  std::vector<ChainStep> steps;
+  ChainSteps steps;
   Plan plan;
   std::string name;           // "chain[policy]", in errors
   bool check_values = false;  // compare replayed values too (CheckpointChecking), not just shapes
@@ -114,10 +153,16 @@ struct ChainRun {
   bool debug = false;                          // CheckpointDebug: each step's op trace, first execution
   std::vector<std::vector<TracedOp>> traces;
   EqualRuns<std::ptrdiff_t> last_needed;
+  EqualRuns<std::uint64_t> op_hashes;  // each step's op sequence, hashed: a compact rebuild is checked against it
   SegmentReads outside_reads;
   std::unordered_set<std::uint64_t> outside_seen;
+  // Steps recorded in forward are held by what their backward reads (compact_records.hpp), when
+  // early stop's assumption is allowed; their graphs are rebuilt as they are reversed.
+  bool compact = true;
+  CompactRecords compact_records;
   std::int64_t position = 0;
   Tensor current;
+  Shape input_shape;
   // The chain input's autograd identity (null when it needs no gradient): step 0 is recorded on
   // it, so its gradient arrives in the order, and so to the bits, it would without the chain.
   std::shared_ptr<AutogradMeta<float>> input_meta;
@@ -141,7 +186,10 @@ struct ChainRun {
   /// produced; every later execution is a replay from that state, checked against the first.
   /// `output_unused`: only the step's own reversal follows, which reads what its ops saved and
   /// not the output's values, so the replay may stop early.
-  Tensor run_step(std::int64_t i, const Tensor& x, bool output_unused = false) {
+  /// `notes`, at the first execution: receives what the step's backward reads (a compact record).
+  /// `rebuild`, at a replay: rebuilds a compactly held step's graph from what it holds.
+  Tensor run_step(std::int64_t i, const Tensor& x, bool output_unused = false, CompactRecorder::Notes* notes = nullptr,
+                  const CompactRecords::Step* rebuild = nullptr) {
     const auto k = static_cast<std::size_t>(i);
     if (k == rng.size()) {
       rng.push_back(default_generator().state());
@@ -158,11 +206,16 @@ struct ChainRun {
         SegmentReadsObserver observer(reads);
         std::optional<OpTrace> trace;
         if (debug) trace.emplace(traces.emplace_back());
+        std::optional<CompactRecorder> recorder;  // innermost: it sees every save, the observer only some
+        if (notes) recorder.emplace(x.storage().get());
         y = steps[k](in);
+        if (recorder) *notes = recorder->notes();
       }
       last_needed.push_back(reads.last_needed);
+      op_hashes.push_back(reads.ops);
+      // The step's input is the chain's own state, not a tensor from outside it.
       for (SegmentReads::Outside& o : reads.outside)
-        if (const auto s = o.storage.lock(); s && outside_seen.insert(s->serial()).second)
+        if (const auto s = o.storage.lock(); s && s != x.storage() && outside_seen.insert(s->serial()).second)
           outside_reads.outside.push_back(std::move(o));
       out_shapes.push_back(y.shape());
       if (check_values) out_hashes.push_back(fingerprint(y));
@@ -178,10 +231,14 @@ struct ChainRun {
     try {
       y = as_replay(rng[k], [&] {
         std::optional<ReplaySkipper> skipper;
-        if (output_unused && early_stop) skipper.emplace(last_needed[k]);
+        if (output_unused && early_stop && !rebuild) skipper.emplace(last_needed[k]);
         std::optional<OpTrace> trace;
         if (debug) trace.emplace(replay_trace);
-        return steps[k](x);
+        std::optional<CompactRebuilder> rebuilder;
+        if (rebuild) rebuilder.emplace(*rebuild, op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()));
+        Tensor out = steps[k](x);
+        if (rebuilder) rebuilder->finish();
+        return out;
       });
     } catch (const CheckpointError& e) {
       throw mismatch(e.what());
@@ -203,6 +260,7 @@ struct ChainRun {
     Tensor out = run->current;
     bool any_grad = false;
     for (auto& [i, r] : run->recorded) any_grad = any_grad || r.output.requires_grad();
+    any_grad = any_grad || run->compact_records.any_requires_grad();
     if (!any_grad || !is_grad_enabled()) return out;
     // The snapshots kept in forward are held by the run; the node saves nothing of its own.
     record<float>(std::move(node_name), {x}, {&out}, {}, [run](BackwardContext<float>& ctx) {
@@ -216,12 +274,14 @@ struct ChainRun {
         // included — rather than when the tape next drops this node.
         run->kept.clear();
         run->recorded.clear();
+        run->compact_records.clear();
         throw;
       }
       if (run->report) *run->report = run->counts;
       if (!run->retaining) {
         run->kept.clear();
         run->recorded.clear();
+        run->compact_records.clear();
       }
     });
     return out;
@@ -296,25 +356,92 @@ struct ChainRun {
         if (i > 0) r.input.requires_grad_();
         else if (input_meta) r.input.set_meta(input_meta);
         const bool unused = !forward && next && next->kind == Action::Kind::reverse && next->step == i;
-        r.output = r.run->record([&] { return run_step(i, r.input, unused); });
+        // A step recorded in forward waits for its reversal: hold it by what its backward reads
+        // when that is all it needs (noted while it records; its graph goes right after).
+        std::optional<CompactRecorder::Notes> notes;
+        if (forward && compact) notes.emplace();
+        r.output = r.run->record([&] { return run_step(i, r.input, unused, notes ? &*notes : nullptr); });
         current = r.output.detach();
-        recorded[i] = std::move(r);
+        if (notes && notes->complete) {
+          compact_records.add(i, std::move(*notes), r.input.storage(), r.input.storage()->version(),
+                              r.output.requires_grad());
+        } else {
+          recorded[i] = std::move(r);
+        }
         ++position;
         ++counts.records;
         break;
       }
       case K::reverse: {
+        if (!recorded.count(i)) rebuild(i);
         Recorded& r = recorded.at(i);
         const bool keep = retaining && r.in_forward;
         if (i > 0) r.input.zero_grad();  // a retained step's input still holds the last backward's gradient
         r.run->backward({&r.output}, {grad}, keep);  // a step that returned its input passes grad straight through
         grad = i > 0 ? r.input.grad() : Tensor();  // step 0 delivered into the chain input directly
         if (!keep) recorded.erase(i);
+        if (!retaining && compact_records.has(i)) compact_records.drop(i);
         break;
       }
     }
   }
+
+  /// Rebuilds the graph of compactly held step i, computing nothing (compact_records.hpp).
+  void rebuild(std::int64_t i) {
+    const CompactRecords::Step held = compact_records.get(i);
+    const Shape& shape = i > 0 ? out_shapes[static_cast<std::size_t>(i - 1)] : input_shape;
+    Tensor input;
+    if (held.input) {
+      if (static_cast<std::uint32_t>(held.input->storage->version()) != held.input->version)
+        throw CheckpointError(fmt::format("{}: x_{} (shape {}), which step {} saved for backward, was modified in place "
+                                          "after it was saved; its gradient would be wrong", name, i, shape, i));
+      input = Tensor(held.input->storage, shape);
+    } else {
+      input = unread_tensor<float>(shape);  // its backward reads nothing of it
+    }
+    Recorded r{std::make_unique<RecordedRun>(), input, Tensor(), false};
+    if (i > 0) r.input.requires_grad_();
+    else if (input_meta) r.input.set_meta(input_meta);
+    r.output = r.run->record([&] { return run_step(i, r.input, true, nullptr, &held); });
+    recorded[i] = std::move(r);
+    ++counts.rebuilt;
+  }
+
+  /// Forgets step i's recording, full or compact (it will be recorded again when reversed).
+  void drop_record(std::int64_t i) {
+    recorded.erase(i);
+    if (compact_records.has(i)) compact_records.drop(i);
+  }
 };
+
+}  // namespace detail
+
+namespace detail {
+
+inline Tensor run_chain(ChainSteps steps, const Tensor& x, const Policy& policy, const std::vector<StepCost>* costs,
+                        std::shared_ptr<ChainCounts> counts) {
+  const auto L = static_cast<std::int64_t>(steps.size());
+  // Without grad, or inside a checkpointed segment's forward (which records nothing and replays
+  // us for real in its backward), the steps simply run.
+  if (!is_grad_enabled() || !autograd_state().recording) {
+    // The chain that such a replay records keeps x as its first snapshot.
+    if (is_grad_enabled()) report_saved_for_backward({x});
+    Tensor h = x;
+    for (std::size_t i = 0; i < steps.size(); ++i) h = steps[i](h);
+    return h;
+  }
+  std::vector<StepCost> measured;
+  if (policy.needs_costs && !costs) {
+    measured = measure_steps(steps, x);
+    costs = &measured;
+  }
+  auto run = std::make_shared<ChainRun>(fmt::format("checkpoint_sequential[{}]", policy.name), x);
+  run->steps = std::move(steps);
+  run->plan = plan(policy, L, costs);
+  run->report = std::move(counts);
+  run->run_forward();
+  return ChainRun::finish(run, x, fmt::format("chain[{}]", policy.name));
+}
 
 }  // namespace detail
 
@@ -328,26 +455,17 @@ inline Tensor checkpoint_sequential(const std::vector<ChainStep>& steps, const T
   REMAT_CHECK(L >= 1, "checkpoint_sequential: needs at least one step");
   for (std::size_t i = 0; i < steps.size(); ++i)
     REMAT_CHECK(static_cast<bool>(steps[i]), "checkpoint_sequential: step {} of {} is an empty function", i, L);
-  // Without grad, or inside a checkpointed segment's forward (which records nothing and replays
-  // us for real in its backward), the steps simply run.
-  if (!is_grad_enabled() || !detail::autograd_state().recording) {
-    // The chain that such a replay records keeps x as its first snapshot.
-    if (is_grad_enabled()) detail::report_saved_for_backward({x});
-    Tensor h = x;
-    for (const ChainStep& f : steps) h = f(h);
-    return h;
-  }
-  std::vector<StepCost> measured;
-  if (policy.needs_costs && !costs) {
-    measured = measure_steps(steps, x);
-    costs = &measured;
-  }
-  auto run = std::make_shared<detail::ChainRun>(fmt::format("checkpoint_sequential[{}]", policy.name), x);
-  run->steps = steps;
-  run->plan = plan(policy, L, costs);
-  run->report = counts;
-  run->run_forward();
-  return detail::ChainRun::finish(run, x, fmt::format("chain[{}]", policy.name));
+  return detail::run_chain(detail::ChainSteps(steps), x, policy, costs, std::move(counts));
+}
+
+/// The same function for every one of `steps` steps (an RNN cell over a sequence, an integrator's
+/// time step): x_{i+1} = step(x_i). The chain holds the function once, not once per step.
+inline Tensor checkpoint_sequential(const ChainStep& step, std::int64_t steps, const Tensor& x, const Policy& policy,
+                                    const std::vector<StepCost>* costs = nullptr,
+                                    std::shared_ptr<ChainCounts> counts = nullptr) {
+  REMAT_CHECK(steps >= 1, "checkpoint_sequential: needs at least one step, got {}", steps);
+  REMAT_CHECK(static_cast<bool>(step), "checkpoint_sequential: the step is an empty function");
+  return detail::run_chain(detail::ChainSteps(step, steps), x, policy, costs, std::move(counts));
 }
 
 /// Modules (e.g. a GPT's blocks) as chain steps, held by reference.

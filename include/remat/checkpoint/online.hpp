@@ -5,12 +5,14 @@
 // each interval between the snapshots it kept. It never needs the length in advance and never
 // stops for lack of a rule: every placement decision is defined for every t.
 //
-// Placement. Ending at L with snapshots at p_0 = 0 < p_1 < … < p_K, the reversal costs
-//   A(P, L) = Σ_{j<K} [(p_{j+1} − p_j) + F(p_{j+1} − p_j, s − j)] + F(L − p_K, s − K)
-// non-recording step executions (the forward sweep through each earlier interval, then each
-// interval reversed from its snapshot with the slots the earlier ones leave). While slots are
+// Placement. Ending at L with snapshots at p_0 = 0 < p_1 < … < p_K, running and reversing the
+// chain costs
+//   A(P, L) = (L − 1) + Σ_{j<K} F(p_{j+1} − p_j, s − j) + F(L − 1 − p_K, s − K)
+// step executions besides the L recordings, counted as the offline F(L, s) counts them: the
+// forward up to the last step, then each interval reversed from its snapshot with the slots the
+// earlier ones leave (the last one ends before the step the forward recorded). While slots are
 // free every state is kept, and then nothing new until t = s + 2: optimal for every L ≤ s + 2,
-// and no placement is optimal for every L beyond (an exhaustive search for s = 3, 4, 5). From
+// and no placement is optimal for every L beyond (an exhaustive search for s = 2..6, a test). From
 // there, reaching x_t the placement either leaves the set alone or drops one snapshot and keeps
 // x_t, whichever minimises the worst ratio A(P, H)/F(H, s) over the horizons H ∈ {t + 1, t + 2,
 // ⌈1.1 t⌉, ⌈h t⌉}, h = 1.2: the chain is assumed to go on a little longer than it has. The
@@ -107,18 +109,17 @@ class OnlinePlacement {
   const std::vector<std::int64_t>& positions() const { return positions_; }
   std::int64_t snapshots() const { return s_; }
 
-  /// A(P, L): non-recording step executions to finish and reverse a chain of L steps with
-  /// snapshots at `positions` (ascending, 0 first), the last step recorded as the forward ends.
+  /// A(P, L): step executions to run and reverse a chain of L steps with snapshots at `positions`
+  /// (ascending, 0 first, all below L) other than the L recordings the reversal needs, counted as
+  /// F(L, s) counts them: the forward's L − 1 steps before the last, then, newest first, each
+  /// interval [p_j, p_{j+1}) reversed by the binomial schedule with the s − j slots left to it,
+  /// and the last interval's steps before L − 1 the same way from p_K.
   std::int64_t cost(const std::vector<std::int64_t>& positions, std::int64_t L) const {
-    std::int64_t total = 0;
+    auto F = [](std::int64_t l, std::int64_t slots) { return l > 0 ? binomial_min_advances(l, slots) : 0; };
+    std::int64_t total = L - 1;
     const std::size_t K = positions.size() - 1;
-    for (std::size_t j = 0; j <= K; ++j) {
-      const std::int64_t a = positions[j], b = j < K ? positions[j + 1] : L;
-      if (b <= a) break;
-      total += binomial_min_advances(b - a, s_ - static_cast<std::int64_t>(j));
-      if (j < K) total += b - a;
-    }
-    return total;
+    for (std::size_t j = 0; j < K; ++j) total += F(positions[j + 1] - positions[j], s_ - static_cast<std::int64_t>(j));
+    return total + F(L - 1 - positions[K], s_ - static_cast<std::int64_t>(K));
   }
 
  private:
@@ -208,20 +209,15 @@ class OnlineChain {
   /// Runs the next step on the current state and returns the new state (read it to decide
   /// whether to go on; the graph is the one finish() returns).
   const Tensor& advance(ChainStep step) {
-    REMAT_CHECK(!finished_, "{}: advance after finish()", run_->name);
     REMAT_CHECK(static_cast<bool>(step), "{}: step {} is an empty function", run_->name, steps());
-    const std::int64_t i = steps();
-    if (i > 0) {
-      // The step before is done: drop its tape (it will be recorded again when reversed), then
-      // decide whether to keep the state it produced.
-      run_->recorded.erase(i - 1);
-      const OnlinePlacement::Decision d = placement_.at(i);
-      if (d.drop >= 0) run_->execute({Action::Kind::free, d.drop}, nullptr, true);
-      if (d.keep) run_->execute({Action::Kind::snapshot, i}, nullptr, true);
-    }
-    run_->steps.push_back(std::move(step));
-    run_->execute({Action::Kind::record, i}, nullptr, true);
-    return run_->current;
+    return next([&] { run_->steps.push_back(std::move(step)); });
+  }
+  /// Runs the same function as the step before once more (an integrator's next time step): the
+  /// chain then holds that function once however many steps it runs.
+  const Tensor& advance() {
+    REMAT_CHECK(steps() >= 1, "{}: advance() repeats the step before, but there is none yet: pass the first step",
+                run_->name);
+    return next([&] { run_->steps.repeat_last(); });
   }
 
   std::int64_t steps() const { return static_cast<std::int64_t>(run_->steps.size()); }
@@ -248,6 +244,23 @@ class OnlineChain {
   }
 
  private:
+  template <class AddStep>
+  const Tensor& next(AddStep add_step) {
+    REMAT_CHECK(!finished_, "{}: advance after finish()", run_->name);
+    const std::int64_t i = steps();
+    if (i > 0) {
+      // The step before is done: drop its tape (it will be recorded again when reversed), then
+      // decide whether to keep the state it produced.
+      run_->drop_record(i - 1);
+      const OnlinePlacement::Decision d = placement_.at(i);
+      if (d.drop >= 0) run_->execute({Action::Kind::free, d.drop}, nullptr, true);
+      if (d.keep) run_->execute({Action::Kind::snapshot, i}, nullptr, true);
+    }
+    add_step();
+    run_->execute({Action::Kind::record, i}, nullptr, true);
+    return run_->current;
+  }
+
   std::shared_ptr<detail::ChainRun> run_;
   OnlinePlacement placement_;
   Tensor input_;

@@ -272,7 +272,13 @@ class BinomialStream final : public ActionStream {
   }
 
   std::size_t state_bytes() const override {
-    return sizeof(*this) + stack_.capacity() * sizeof(Frame) + beta_.bytes();
+    return sizeof(*this) + stack_.capacity() * sizeof(Frame) + beta_.bytes() + note_.capacity();
+  }
+  std::string note() const override { return note_; }
+  /// What the plan should say about this schedule (e.g. why a policy chose it).
+  BinomialStream& with_note(std::string note) {
+    note_ = std::move(note);
+    return *this;
   }
   bool next(Action& out) override {
     if (buffered_ == used_) {
@@ -373,6 +379,7 @@ class BinomialStream final : public ActionStream {
 
   std::int64_t L_, s_, r_, disk_depth_;
   BinomialTable beta_;
+  std::string note_;
   int stage_ = 0;  // 0: before the first snapshot, 1: reversing, 2: after the final free
   std::vector<Frame> stack_;
   std::array<Action, kBurst> buffer_{};
@@ -671,6 +678,7 @@ inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>* c
     make = [made]() -> std::unique_ptr<ActionStream> { return std::make_unique<detail::ListStream>(*made); };
   } else {
     make = [stream = p.stream, L]() { return stream(L, nullptr); };
+    note = make()->note();
   }
   Plan out = detail::analyse(p.name, L, std::move(make), costs);
   out.note = std::move(note);

@@ -21,6 +21,20 @@
 
 namespace remat::detail {
 
+/// Folds one op output report into a hash of a run's op sequence (names and shapes): two runs of
+/// a step that made the same ops in the same order with the same shapes hash alike.
+inline std::uint64_t hash_op(std::uint64_t h, const OpOutput& out) {
+  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (const char* c = out.op.name(); *c; ++c) mix(static_cast<unsigned char>(*c));
+  for (std::size_t k = 0; k < out.count; ++k) {
+    const Shape& shape = out.shapes ? out.shapes[k] : out.shape;
+    mix(static_cast<std::uint64_t>(shape.rank()));
+    for (std::int64_t d : shape) mix(static_cast<std::uint64_t>(d));
+  }
+  return h;
+}
+inline constexpr std::uint64_t kEmptyOpHash = 1469598103934665603ull;
+
 struct SegmentReads {
   /// Position (among the op outputs the segment reports, from 0) of the last output a backward
   /// reads; -1 when it reads none.
@@ -32,6 +46,8 @@ struct SegmentReads {
     std::uint64_t version;
   };
   std::vector<Outside> outside;
+  /// The segment's op sequence, hashed (hash_op).
+  std::uint64_t ops = kEmptyOpHash;
 
   /// A remat::Error when a tensor the segment read from outside was written in place since.
   void check_versions(const std::string& who) const {
@@ -56,6 +72,7 @@ class SegmentReadsObserver final : public OpOutputHook {
   void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
     for (const TensorRef& v : values) made_at_[v.storage->serial()] = position_;
     ++position_;
+    reads_.ops = hash_op(reads_.ops, out);
     OpOutputHook::produced(out, values);
   }
 

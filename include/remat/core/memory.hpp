@@ -23,8 +23,12 @@ struct MemoryStats {
 
 namespace detail {
 
-/// Alignment of every storage: a cache line, which covers Eigen's vectorised loads.
+/// Alignment of every storage of kSmallStorage bytes or more: a cache line, which covers Eigen's
+/// vectorised loads. Smaller ones take operator new's own 16 bytes: a tensor of a few dozen floats
+/// gains nothing from a cache line, and the allocator's padding for one would cost it up to half
+/// its size again (a long chain of small states holds one per step).
 inline constexpr std::size_t kStorageAlignment = 64;
+inline constexpr std::size_t kSmallStorage = 256;
 
 struct ScopePeaks {
   std::size_t peak_bytes = 0;
@@ -76,7 +80,8 @@ class MemoryLedger {
         cached_bytes_ -= block;
       }
     }
-    return p ? p : ::operator new(block, std::align_val_t{kStorageAlignment});
+    if (p) return p;
+    return block < kSmallStorage ? ::operator new(block) : ::operator new(block, std::align_val_t{kStorageAlignment});
   }
   void deallocate(void* p, std::size_t bytes) {
     const std::size_t block = block_size(bytes);
@@ -89,13 +94,13 @@ class MemoryLedger {
         return;
       }
     }
-    ::operator delete(p, std::align_val_t{kStorageAlignment});
+    free_block(p, block);
   }
   /// Returns every cached block to the system (torch.cuda.empty_cache's counterpart).
   void release_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [block, blocks] : cache_)
-      for (void* p : blocks) ::operator delete(p, std::align_val_t{kStorageAlignment});
+      for (void* p : blocks) free_block(p, block);
     cache_.clear();
     cached_bytes_ = 0;
   }
@@ -141,7 +146,12 @@ class MemoryLedger {
  private:
   static std::size_t block_size(std::size_t bytes) {
     if (!kRoundBlocks) return std::max<std::size_t>(1, bytes);
-    return std::max<std::size_t>(kStorageAlignment, (bytes + kStorageAlignment - 1) / kStorageAlignment * kStorageAlignment);
+    const std::size_t unit = bytes < kSmallStorage ? 16 : kStorageAlignment;
+    return std::max<std::size_t>(unit, (bytes + unit - 1) / unit * unit);
+  }
+  static void free_block(void* p, std::size_t block) {
+    if (block < kSmallStorage) ::operator delete(p);
+    else ::operator delete(p, std::align_val_t{kStorageAlignment});
   }
 
   std::mutex mutex_;

@@ -79,6 +79,7 @@ struct OpOutput {
   double flops;        ///< the op's estimate of its work (copies count one per element): for cost models
   bool replaying;      ///< whether a checkpoint is replaying the op's forward now
   const Shape* shapes = nullptr;  ///< every output's shape (count of them)
+  const char* const* dtypes = nullptr;  ///< every output's element type (count of them)
 };
 
 /// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the

@@ -51,7 +51,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   const std::array<std::size_t, n> sizes{sizeof(Ts)...};
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
-  const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data()};
+  const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data(), dtypes.data()};
   if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
     REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
                 supplied.size(), n);
