@@ -349,6 +349,7 @@ struct ChainRun {
         position = i;
         break;
       case K::free:
+        if (forward) forward_snapshots.erase(i);  // an online chain frees as it goes: the set stays at s
         if (!(retaining && forward_snapshots.count(i))) kept.erase(i);
         break;
       case K::record: {
