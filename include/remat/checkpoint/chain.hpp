@@ -99,36 +99,15 @@ namespace detail {
 
 /// A chain's step functions by index: runs of steps that call one function (an RNN cell, an
 /// integrator's step) are held once, so a million steps of one cell cost one std::function.
-class ChainSteps {
+class ChainSteps : public Runs<ChainStep> {
  public:
   ChainSteps() = default;
   explicit ChainSteps(const std::vector<ChainStep>& steps) {
-    for (const ChainStep& f : steps) push_back(f);
+    for (const ChainStep& f : steps) start(f);
   }
-  ChainSteps(ChainStep cell, std::int64_t count) {
-    push_back(std::move(cell));
-    size_ = static_cast<std::size_t>(count);
+  ChainSteps(const ChainStep& cell, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i) i == 0 ? start(cell) : extend();
   }
-  /// Appends a step with a function of its own.
-  void push_back(ChainStep f) { runs_.push_back({size_++, std::move(f)}); }
-  /// Appends a step calling the same function as the last one.
-  void repeat_last() {
-    REMAT_ASSERT(!runs_.empty());
-    ++size_;
-  }
-  const ChainStep& operator[](std::size_t i) const {
-    auto it = std::upper_bound(runs_.begin(), runs_.end(), i, [](std::size_t k, const Run& r) { return k < r.first; });
-    return std::prev(it)->f;
-  }
-  std::size_t size() const { return size_; }
-
- private:
-  struct Run {
-    std::size_t first;
-    ChainStep f;
-  };
-  std::vector<Run> runs_;
-  std::size_t size_ = 0;
 };
 
 struct ChainRun {

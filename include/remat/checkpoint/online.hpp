@@ -210,14 +210,14 @@ class OnlineChain {
   /// whether to go on; the graph is the one finish() returns).
   const Tensor& advance(ChainStep step) {
     REMAT_CHECK(static_cast<bool>(step), "{}: step {} is an empty function", run_->name, steps());
-    return next([&] { run_->steps.push_back(std::move(step)); });
+    return next([&] { run_->steps.start(std::move(step)); });
   }
   /// Runs the same function as the step before once more (an integrator's next time step): the
   /// chain then holds that function once however many steps it runs.
   const Tensor& advance() {
     REMAT_CHECK(steps() >= 1, "{}: advance() repeats the step before, but there is none yet: pass the first step",
                 run_->name);
-    return next([&] { run_->steps.repeat_last(); });
+    return next([&] { run_->steps.extend(); });
   }
 
   std::int64_t steps() const { return static_cast<std::int64_t>(run_->steps.size()); }

@@ -10,17 +10,21 @@
 #include <cstdint>
 #include <vector>
 
+#include "remat/core/error.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/shape.hpp"
 
 namespace remat::detail {
 
-/// Values indexed by step, appended in step order, equal runs stored once.
+/// Values indexed by step, appended in step order, as runs of steps sharing one value.
 template <class T>
-class EqualRuns {
+class Runs {
  public:
-  void push_back(const T& v) {
-    if (runs_.empty() || !(runs_.back().value == v)) runs_.push_back({size_, v});
+  /// Appends a step that starts a run of its own.
+  void start(T v) { runs_.push_back({size_++, std::move(v)}); }
+  /// Appends a step with the value of the one before.
+  void extend() {
+    REMAT_ASSERT(!runs_.empty());
     ++size_;
   }
   const T& operator[](std::size_t i) const {
@@ -30,6 +34,9 @@ class EqualRuns {
   std::size_t size() const { return size_; }
   std::size_t runs() const { return runs_.size(); }
 
+ protected:
+  const T* last() const { return runs_.empty() ? nullptr : &runs_.back().value; }
+
  private:
   struct Run {
     std::size_t first;
@@ -37,6 +44,16 @@ class EqualRuns {
   };
   std::vector<Run> runs_;
   std::size_t size_ = 0;
+};
+
+/// Runs of equal values: each appended value extends the run when it equals the last.
+template <class T>
+class EqualRuns : public Runs<T> {
+ public:
+  void push_back(const T& v) {
+    if (const T* l = this->last(); l && *l == v) this->extend();
+    else this->start(v);
+  }
 };
 
 /// Generator states by step: runs with one seed whose offsets advance by a fixed stride.
