@@ -6,12 +6,22 @@
 //             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB]
+//             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH]
+//
+// --save-every N writes the whole training state (weights, AdamW moments and step, the data and
+// dropout generators, the step counter, the loss history) to --state (default: the --out name
+// with .state.safetensors) every N steps, atomically; --resume PATH continues a run from such a
+// file, and ends bitwise where the uninterrupted run ends (the same weights and losses).
+// --losses PATH writes every step's loss, one per line, exactly. --die-after N (for the resume
+// test) kills the process with SIGKILL after step N. --trace PATH writes the timeline of the first
+// training step (every op, replay and chain action; live and saved bytes) as a Chrome trace.
 //
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
 // under that schedule (see remat/checkpoint/schedule.hpp) and print its plan first.
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdio>
 #include <chrono>
 #include <cmath>
@@ -44,6 +54,8 @@ struct Options {
   std::int64_t log_every = 50, sample = 500, top_k = 10;
   double lr = 3e-3, dropout = 0.0, temperature = 0.8;
   double legible_floor = 0.90;  ///< fail below this share of sampled words found in the corpus
+  std::int64_t save_every = 0, die_after = 0;
+  std::string state, resume, losses, trace;
 };
 
 Options parse(int argc, char** argv) {
@@ -95,7 +107,18 @@ Options parse(int argc, char** argv) {
   take_double("legible-floor", o.legible_floor);
   take_double("lr", o.lr);
   take_double("dropout", o.dropout);
+  take_int("save-every", o.save_every);
+  take_int("die-after", o.die_after);
+  take_string("state", o.state);
+  take_string("resume", o.resume);
+  take_string("losses", o.losses);
+  take_string("trace", o.trace);
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
+  if (o.state.empty()) {
+    o.state = o.out;
+    if (const auto dot = o.state.rfind(".safetensors"); dot != std::string::npos) o.state.erase(dot);
+    o.state += ".state.safetensors";
+  }
 
   REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
               "must be positive and context above 1");
@@ -303,8 +326,43 @@ int main(int argc, char** argv) try {
   std::int64_t window_steps = 0;
   double first_loss = 0, last_avg = 0;
   std::vector<CurvePoint> curve;
-  for (std::int64_t step = 0; step < opt.steps; ++step) {
+  std::vector<float> losses;  // every step's loss (float32, as computed)
+  std::int64_t first_step = 0;
+  // Everything the loop carries from one step to the next, besides model and optimizer.
+  auto save_state = [&](std::int64_t next_step) {
+    io::TrainingState st;
+    st.step = next_step;
+    st.data_position = next_step;
+    st.generators["data"] = gen.state();
+    st.scalars = {{"window_loss", window_loss}, {"window_steps", static_cast<double>(window_steps)},
+                  {"first_loss", first_loss}, {"last_avg", last_avg}};
+    for (std::size_t k = 0; k < curve.size(); ++k) {
+      st.scalars[fmt::format("curve.{:06d}.step", k)] = static_cast<double>(curve[k].step);
+      st.scalars[fmt::format("curve.{:06d}.train", k)] = curve[k].train;
+      st.scalars[fmt::format("curve.{:06d}.held_out", k)] = curve[k].held_out;
+    }
+    if (!losses.empty()) st.tensors["losses"] = tensor(losses, {static_cast<std::int64_t>(losses.size())});
+    io::save_training_state(opt.state, model, opt_adamw, st);
+  };
+  if (!opt.resume.empty()) {
+    const io::TrainingState st = io::load_training_state(opt.resume, model, opt_adamw);
+    REMAT_CHECK(st.step <= opt.steps, "train_gpt: {} is at step {}, past --steps {}", opt.resume, st.step, opt.steps);
+    first_step = st.step;
+    gen.set_state(st.generators.at("data"));
+    window_loss = st.scalars.at("window_loss");
+    window_steps = static_cast<std::int64_t>(st.scalars.at("window_steps"));
+    first_loss = st.scalars.at("first_loss");
+    last_avg = st.scalars.at("last_avg");
+    for (std::size_t k = 0; st.scalars.count(fmt::format("curve.{:06d}.step", k)); ++k)
+      curve.push_back({static_cast<std::int64_t>(st.scalars.at(fmt::format("curve.{:06d}.step", k))),
+                       st.scalars.at(fmt::format("curve.{:06d}.train", k)), st.scalars.at(fmt::format("curve.{:06d}.held_out", k))});
+    if (st.tensors.count("losses")) losses = st.tensors.at("losses").to_vector();
+    fmt::print("resumed from {} at step {}\n", opt.resume, first_step);
+  }
+  for (std::int64_t step = first_step; step < opt.steps; ++step) {
     reset_peak_memory_stats();
+    std::optional<Trace> trace;
+    if (!opt.trace.empty() && step == first_step) trace.emplace(opt.trace);
     auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
     opt_adamw.set_lr(schedule(step));
     Tensor loss = model.loss(x, y);
@@ -313,7 +371,13 @@ int main(int argc, char** argv) try {
     optim::clip_grad_norm(model.parameters(), 1.0);
     opt_adamw.step();
     opt_adamw.zero_grad();
+    if (trace) {
+      trace->stop();
+      fmt::print("timeline of step {} written to {} (peak saved for backward {})\n", step + 1, opt.trace,
+                 human_bytes(memory_stats().peak_saved_bytes));
+    }
     const double l = loss.item();
+    losses.push_back(static_cast<float>(l));
     if (step == 0) first_loss = l;
     window_loss += l;
     ++window_steps;
@@ -339,6 +403,16 @@ int main(int argc, char** argv) try {
                  curve.empty() ? std::string("-") : fmt::format("{:.4f}", curve.back().held_out), clock_text(eta));
       std::fflush(stdout);
     }
+    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0) save_state(step + 1);
+    if (opt.die_after > 0 && step + 1 == opt.die_after) {
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+  }
+  if (!opt.losses.empty()) {
+    std::ofstream out(opt.losses);
+    for (float v : losses) out << fmt::format("{:a}\n", static_cast<double>(v));
+    REMAT_CHECK(out.good(), "train_gpt: cannot write {}", opt.losses);
   }
   if (tty) fmt::print("\n");
   const double total_secs = std::chrono::duration<double>(Clock::now() - run_start).count();

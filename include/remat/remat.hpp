@@ -78,3 +78,4 @@
 #include "remat/optim/schedule.hpp"
 #include "remat/optim/sgd.hpp"
 #include "remat/io/safetensors.hpp"
+#include "remat/io/training_state.hpp"

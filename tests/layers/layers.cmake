@@ -2,7 +2,8 @@
 #   core        includes only core
 #   ops         includes core and ops (never checkpoint/ or nn/)
 #   nn          includes core, ops and nn (models carry no memory policy: no checkpoint/)
-#   optim, io   include core, nn and themselves
+#   optim       includes core, nn and optim
+#   io          includes core, nn, optim (a training state holds the optimizer's) and io
 #   checkpoint  includes core, ops and checkpoint
 #   testing     may include any layer; remat.hpp includes everything
 # and no header reaches itself through its includes (no cycles).
@@ -20,7 +21,7 @@ set(allowed_core core)
 set(allowed_ops core ops)
 set(allowed_nn core ops nn)
 set(allowed_optim core nn optim)
-set(allowed_io core nn io)
+set(allowed_io core nn optim io)
 set(allowed_checkpoint core ops checkpoint)
 set(allowed_testing core ops nn optim io checkpoint testing)
 set(allowed_umbrella core ops nn optim io checkpoint testing)

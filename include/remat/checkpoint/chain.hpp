@@ -207,6 +207,7 @@ struct ChainRun {
       return CheckpointError(what);
     };
     Tensor y;
+    TimelineSpan span("replay", [&] { return fmt::format("{} step {}", rebuild ? "rebuild" : "replay", i); });
     try {
       y = as_replay(rng[k], [&] {
         std::optional<ReplaySkipper> skipper;
@@ -301,6 +302,8 @@ struct ChainRun {
     if (OpOutputHook::current()) compute_all.emplace();
     using K = Action::Kind;
     const std::int64_t i = act.step;
+    static constexpr const char* kNames[] = {"advance", "snapshot", "restore", "free", "record", "reverse"};
+    TimelineSpan span(kNames[static_cast<int>(act.kind)], "chain");
     switch (act.kind) {
       case K::advance: {
         auto not_recording = scoped_recording(false);

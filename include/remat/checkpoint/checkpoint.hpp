@@ -209,6 +209,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     std::vector<Tensor*> outs;
     try {
       run.record([&] {
+        detail::TimelineSpan span("replay", [&] { return "replay " + seg.options.name; });
         detail::as_replay(seg.rng, [&] {
           detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, seg.kept_ops, kept_outputs,
                                      seg.options.name);

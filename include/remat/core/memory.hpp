@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "remat/core/timeline.hpp"
+
 namespace remat {
 
 struct MemoryStats {
@@ -73,6 +75,7 @@ class MemoryLedger {
       ++stats_.allocations;
       stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.live_bytes);
       for (ScopePeaks* s : scopes_) s->peak_bytes = std::max(s->peak_bytes, stats_.live_bytes);
+      to_timeline();
       auto it = cache_.find(block);
       if (it != cache_.end() && !it->second.empty()) {
         p = it->second.back();
@@ -88,6 +91,7 @@ class MemoryLedger {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.live_bytes -= bytes;
+      to_timeline();
       if (caching_) {
         cache_[block].push_back(p);
         cached_bytes_ += block;
@@ -118,10 +122,12 @@ class MemoryLedger {
     stats_.peak_saved_bytes = std::max(stats_.peak_saved_bytes, stats_.saved_bytes);
     for (ScopePeaks* s : scopes_)
       s->peak_saved_bytes = std::max(s->peak_saved_bytes, stats_.saved_bytes);
+    to_timeline();
   }
   void remove_saved(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.saved_bytes -= bytes;
+    to_timeline();
   }
   MemoryStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -144,6 +150,12 @@ class MemoryLedger {
   }
 
  private:
+  /// The books after a change, to the trace that records (if one does). Under mutex_.
+  void to_timeline() const {
+    if (Timeline* t = active_timeline().load(std::memory_order_relaxed))
+      t->memory(static_cast<std::int64_t>(stats_.live_bytes), static_cast<std::int64_t>(stats_.saved_bytes));
+  }
+
   static std::size_t block_size(std::size_t bytes) {
     if (!kRoundBlocks) return std::max<std::size_t>(1, bytes);
     const std::size_t unit = bytes < kSmallStorage ? 16 : kStorageAlignment;

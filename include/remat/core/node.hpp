@@ -15,6 +15,7 @@
 #include "remat/core/error.hpp"
 #include "remat/core/saved_tensor.hpp"
 #include "remat/core/tensor.hpp"
+#include "remat/core/timeline.hpp"
 
 namespace remat::detail {
 
@@ -163,6 +164,7 @@ class TypedNode final : public Node {
       }
     }
     BackwardContext<T> ctx(*this, grads, retain_graph);
+    TimelineSpan span(name(), "backward");
     fn_(ctx);
     if (!retain_graph) release();
   }

@@ -16,6 +16,7 @@
 #include "remat/core/error.hpp"
 #include "remat/core/op_output.hpp"
 #include "remat/core/tensor.hpp"
+#include "remat/core/timeline.hpp"
 
 namespace remat::detail {
 
@@ -45,7 +46,10 @@ template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
                                            Compute&& compute) {
   OpOutputHook* hook = OpOutputHook::current();
-  if (!hook) return compute();
+  if (!hook) {
+    TimelineSpan span(op.name(), "forward");
+    return compute();
+  }
   constexpr std::size_t n = sizeof...(Ts);
   const std::array<const char*, n> dtypes{dtype_name<Ts>()...};
   const std::array<std::size_t, n> sizes{sizeof(Ts)...};
@@ -72,6 +76,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   }
   std::tuple<BasicTensor<Ts>...> result = [&] {
     OpOutputHook::Suspended quiet;
+    TimelineSpan span(op.name(), "forward");
     return compute();
   }();
   std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
@@ -82,7 +87,10 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
 /// produce_all for an op with one output.
 template <class T, class Compute>
 BasicTensor<T> produce(OpId op, const Shape& shape, double flops, Compute&& compute) {
-  if (!OpOutputHook::current()) return compute();
+  if (!OpOutputHook::current()) {
+    TimelineSpan span(op.name(), "forward");
+    return compute();
+  }
   return std::get<0>(produce_all<T>(op, {shape}, flops, [&] { return std::tuple<BasicTensor<T>>(compute()); }));
 }
 

@@ -4,9 +4,13 @@
 // then the raw little-endian data. Reading validates everything before anything is used.
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+
+#include <fcntl.h>
+#include <unistd.h>
 #include <map>
 #include <string>
 #include <unordered_set>
@@ -59,8 +63,45 @@ BasicTensor<T> from_entry(const TensorEntry& e, const std::string& name) {
   return t;
 }
 
-inline void write_safetensors(const std::string& path, const TensorFile& tensors,
-                              const std::map<std::string, std::string>& metadata = {}) {
+namespace detail {
+
+/// Replaces `path` with `bytes` so that a crash at any moment leaves either the old file or the
+/// new one, never a mix or a truncation: written to a temporary file in the same directory,
+/// flushed to the device (fsync), renamed over `path` (atomic on POSIX), and the directory
+/// flushed so the rename itself is durable.
+inline void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REMAT_CHECK(fd >= 0, "io: cannot create {}: {}", tmp, std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ::ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(fmt::format("io: writing {} failed: {}", tmp, why));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw Error(fmt::format("io: could not put {} in place: {}", path, why));
+  }
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+/// The bytes of a safetensors file.
+inline std::string safetensors_bytes(const TensorFile& tensors, const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
@@ -70,15 +111,22 @@ inline void write_safetensors(const std::string& path, const TensorFile& tensors
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  REMAT_CHECK(out.good(), "safetensors: cannot open {} for writing", path);
+  std::string out;
+  out.reserve(8 + text.size() + offset);
   const std::uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& [name, e] : tensors) out.write(reinterpret_cast<const char*>(e.data.data()), static_cast<std::streamsize>(e.data.size()));
-  REMAT_CHECK(out.good(), "safetensors: writing {} failed", path);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(static_cast<unsigned char>(n >> (8 * i))));
+  out += text;
+  for (const auto& [name, e] : tensors) out.append(reinterpret_cast<const char*>(e.data.data()), e.data.size());
+  return out;
+}
+
+}  // namespace detail
+
+/// Writes a safetensors file atomically (detail::write_file_atomically): a crash leaves the old
+/// file or the new one.
+inline void write_safetensors(const std::string& path, const TensorFile& tensors,
+                              const std::map<std::string, std::string>& metadata = {}) {
+  detail::write_file_atomically(path, detail::safetensors_bytes(tensors, metadata));
 }
 
 namespace detail {

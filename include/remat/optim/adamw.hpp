@@ -60,8 +60,39 @@ class AdamW : public Optimizer {
   }
 
   std::int64_t steps() const { return t_; }
+  const char* kind() const override { return "AdamW"; }
 
  private:
+  void save_extra(OptimizerState& s) const override {
+    s.scalars["step"] = static_cast<double>(t_);
+    for_each_param([&](std::size_t g, std::size_t i, const Tensor* p) {
+      if (auto it = state_.find(p); it != state_.end()) {
+        s.tensors[key(g, i, "exp_avg")] = detail::copy_of(it->second.m);
+        s.tensors[key(g, i, "exp_avg_sq")] = detail::copy_of(it->second.v);
+      }
+    });
+  }
+  void check_extra(const OptimizerState& s) const override {
+    REMAT_CHECK(s.scalars.count("step"), "AdamW: the state has no step count ('step')");
+    const double t = s.scalars.at("step");
+    REMAT_CHECK(t >= 0 && t == std::floor(t), "AdamW: the state's step count {} is not a whole number", t);
+    // Each parameter has both moments or neither.
+    for (const auto& [k, tensor] : s.tensors) {
+      const std::string buffer = parameter_of(k).second;
+      const std::string other = k.substr(0, k.size() - buffer.size()) + (buffer == "exp_avg" ? "exp_avg_sq" : "exp_avg");
+      REMAT_CHECK(s.tensors.count(other), "AdamW: the state has {} but not {}", k, other);
+    }
+  }
+  bool known_buffer(const std::string& buffer) const override { return buffer == "exp_avg" || buffer == "exp_avg_sq"; }
+  void load_extra(const OptimizerState& s) override {
+    t_ = static_cast<std::int64_t>(s.scalars.at("step"));
+    state_.clear();
+    for (const auto& [k, t] : s.tensors) {
+      const auto [p, buffer] = parameter_of(k);
+      (buffer == "exp_avg" ? state_[p].m : state_[p].v) = detail::copy_of(t);
+    }
+  }
+
   struct State {
     Tensor m, v;
   };

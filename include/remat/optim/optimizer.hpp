@@ -2,12 +2,24 @@
 // What every optimizer shares: parameter groups, a learning rate that schedules can set, and
 // zero_grad.
 
+#include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/factory.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat::optim {
+
+/// What an optimizer carries from one step to the next, by name, for saving a run and resuming it
+/// (PyTorch's optimizer state_dict): per-parameter buffers keyed "g<group>.p<index>.<buffer>"
+/// (the parameter's position in the groups) and scalars ("lr", "step", ...).
+struct OptimizerState {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, double> scalars;
+};
 
 /// Parameters that share hyper-parameters (e.g. no weight decay for biases and norms).
 struct ParamGroup {
@@ -36,6 +48,73 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
+
+  /// The optimizer's state: its buffers (copies) and scalars.
+  OptimizerState state() const {
+    OptimizerState s;
+    s.scalars["lr"] = lr_;
+    save_extra(s);
+    return s;
+  }
+  /// Replaces the state with `s`, as state() made it for an optimizer over parameters of the same
+  /// shapes in the same groups. Everything is checked first: on a remat::Error nothing changed.
+  void load_state(const OptimizerState& s) {
+    REMAT_CHECK(s.scalars.count("lr"), "{}: the state has no learning rate ('lr')", kind());
+    check_extra(s);
+    for (const auto& [key, t] : s.tensors) {
+      const auto [p, buffer] = parameter_of(key);
+      REMAT_CHECK(known_buffer(buffer), "{}: the state has buffer '{}' ({}), which this optimizer does not keep", kind(),
+                  buffer, key);
+      REMAT_CHECK(t.shape() == p->shape(), "{}: buffer {} has shape {}, its parameter has shape {}", kind(), key,
+                  t.shape(), p->shape());
+    }
+    lr_ = s.scalars.at("lr");
+    load_extra(s);
+  }
+
+  /// The optimizer's name, in errors ("SGD", "AdamW").
+  virtual const char* kind() const = 0;
+
+ protected:
+  /// Buffer names of parameter `p` at group g, index i.
+  static std::string key(std::size_t g, std::size_t i, const char* buffer) {
+    return "g" + std::to_string(g) + ".p" + std::to_string(i) + "." + buffer;
+  }
+  /// Calls f(key prefix "g<g>.p<i>.", parameter) for every parameter.
+  template <class F>
+  void for_each_param(F&& f) const {
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      for (std::size_t i = 0; i < groups_[g].params.size(); ++i) f(g, i, groups_[g].params[i]);
+  }
+  /// The parameter a buffer key names, and the buffer's name; a remat::Error when it names none.
+  std::pair<Tensor*, std::string> parameter_of(const std::string& key) const {
+    std::size_t at = 0, g = 0, i = 0;
+    // "g", digits, ".p", digits, ".", a name.
+    auto number = [&](std::size_t& v) {
+      const std::size_t start = at;
+      while (at < key.size() && at - start < 9 && key[at] >= '0' && key[at] <= '9') v = v * 10 + static_cast<std::size_t>(key[at++] - '0');
+      return at > start;
+    };
+    auto literal = [&](const char* text) {
+      const std::size_t n = std::strlen(text);
+      if (key.compare(at, n, text) != 0) return false;
+      at += n;
+      return true;
+    };
+    const bool ok = literal("g") && number(g) && literal(".p") && number(i) && literal(".") && at < key.size();
+    REMAT_CHECK(ok, "{}: '{}' is not a buffer key (g<group>.p<index>.<buffer>)", kind(), key);
+    const std::size_t used = at;
+    REMAT_CHECK(g < groups_.size() && i < groups_[g].params.size(),
+                "{}: the state has buffer {} for parameter {} of group {}, but the optimizer has {} group(s){}", kind(), key,
+                i, g, groups_.size(), g < groups_.size() ? fmt::format(" and {} parameter(s) in that one", groups_[g].params.size()) : "");
+    return {groups_[g].params[i], key.substr(used)};
+  }
+  /// Per-optimizer parts of state() and load_state(): add buffers and scalars; check a state
+  /// before anything changes (required scalars; tensors are checked by load_state); take it.
+  virtual void save_extra(OptimizerState& s) const = 0;
+  virtual void check_extra(const OptimizerState& s) const = 0;
+  virtual bool known_buffer(const std::string& buffer) const = 0;
+  virtual void load_extra(const OptimizerState& s) = 0;
 
  protected:
   std::vector<ParamGroup> groups_;

@@ -45,7 +45,21 @@ class SGD : public Optimizer {
     }
   }
 
+  const char* kind() const override { return "SGD"; }
+
  private:
+  void save_extra(OptimizerState& s) const override {
+    for_each_param([&](std::size_t g, std::size_t i, const Tensor* p) {
+      if (auto it = momentum_.find(p); it != momentum_.end()) s.tensors[key(g, i, "momentum_buffer")] = detail::copy_of(it->second);
+    });
+  }
+  void check_extra(const OptimizerState&) const override {}
+  bool known_buffer(const std::string& buffer) const override { return buffer == "momentum_buffer"; }
+  void load_extra(const OptimizerState& s) override {
+    momentum_.clear();
+    for (const auto& [k, t] : s.tensors) momentum_[parameter_of(k).first] = detail::copy_of(t);
+  }
+
   SGDOptions opt_;
   std::unordered_map<const Tensor*, Tensor> momentum_;
 };
