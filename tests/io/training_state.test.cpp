@@ -158,6 +158,11 @@ TEST_CASE("training state: a truncated or altered file is rejected and changes n
   other.push_back(std::make_unique<nn::Linear>(6, 9, true, init));
   optim::AdamW other_opt(other.parameters());
   REQUIRE_ERROR(io::load_training_state(f.path, other, other_opt), "model");
+  // The same parameters split into other groups: the groups must match too.
+  Run regrouped(10, true);
+  std::vector<Tensor*> ps = regrouped.model.parameters();
+  optim::AdamW two_groups({optim::ParamGroup{{ps[0], ps[1]}, 0.1}, optim::ParamGroup{{ps[2], ps[3]}, 0.0}}, optim::AdamWOptions{});
+  REQUIRE_ERROR(io::load_training_state(f.path, regrouped.model, two_groups), "group");
   CHECK(unchanged());
 }
 

@@ -15,7 +15,8 @@ namespace remat::optim {
 
 /// What an optimizer carries from one step to the next, by name, for saving a run and resuming it
 /// (PyTorch's optimizer state_dict): per-parameter buffers keyed "g<group>.p<index>.<buffer>"
-/// (the parameter's position in the groups) and scalars ("lr", "step", ...).
+/// (the parameter's position in the groups) and scalars ("lr", "step", the groups' sizes and
+/// weight decays "g<group>.params", "g<group>.weight_decay", ...).
 struct OptimizerState {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, double> scalars;
@@ -53,6 +54,11 @@ class Optimizer {
   OptimizerState state() const {
     OptimizerState s;
     s.scalars["lr"] = lr_;
+    s.scalars["groups"] = static_cast<double>(groups_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      s.scalars["g" + std::to_string(g) + ".params"] = static_cast<double>(groups_[g].params.size());
+      s.scalars["g" + std::to_string(g) + ".weight_decay"] = groups_[g].weight_decay;
+    }
     save_extra(s);
     return s;
   }
@@ -60,6 +66,18 @@ class Optimizer {
   /// shapes in the same groups. Everything is checked first: on a remat::Error nothing changed.
   void load_state(const OptimizerState& s) {
     REMAT_CHECK(s.scalars.count("lr"), "{}: the state has no learning rate ('lr')", kind());
+    // The same parameter groups: as many, each as long (the parameters are matched by position).
+    auto scalar = [&](const std::string& key) {
+      auto it = s.scalars.find(key);
+      REMAT_CHECK(it != s.scalars.end(), "{}: the state has no '{}'", kind(), key);
+      return it->second;
+    };
+    REMAT_CHECK(scalar("groups") == static_cast<double>(groups_.size()), "{}: the state has {} parameter group(s), the "
+                "optimizer {}", kind(), scalar("groups"), groups_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      REMAT_CHECK(scalar("g" + std::to_string(g) + ".params") == static_cast<double>(groups_[g].params.size()),
+                  "{}: group {} of the state has {} parameters, the optimizer's has {}", kind(), g,
+                  scalar("g" + std::to_string(g) + ".params"), groups_[g].params.size());
     check_extra(s);
     for (const auto& [key, t] : s.tensors) {
       const auto [p, buffer] = parameter_of(key);
@@ -69,6 +87,9 @@ class Optimizer {
                   t.shape(), p->shape());
     }
     lr_ = s.scalars.at("lr");
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      if (auto it = s.scalars.find("g" + std::to_string(g) + ".weight_decay"); it != s.scalars.end())
+        groups_[g].weight_decay = it->second;
     load_extra(s);
   }
 
