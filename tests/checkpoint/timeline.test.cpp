@@ -4,6 +4,8 @@
 #include <fstream>
 #include <map>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/support_checkpoint.hpp"
@@ -46,8 +48,9 @@ Spans read_trace(const std::string& path) {
   return s;
 }
 
+/// A file of this process's own: CTest runs the test cases as parallel processes in one folder.
 struct TempTrace {
-  std::string path = "remat_test_timeline.json";
+  std::string path = "remat_test_timeline_" + std::to_string(::getpid()) + ".json";
   ~TempTrace() { std::remove(path.c_str()); }
 };
 

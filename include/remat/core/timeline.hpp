@@ -5,8 +5,10 @@
 //
 //   { remat::Trace trace("step.json"); loss = model.loss(x, y); loss.backward(); }  // written here
 //
-// Off by default, and then free: each instrumented place costs one relaxed atomic load. One trace
-// records at a time (it is process-wide, so OpenMP workers' allocations count too).
+// Off by default, and then free: each instrumented place costs one relaxed atomic load (a whole
+// small train_gpt run under callgrind: +0.05% instructions). One trace records at a time; it is
+// process-wide, so OpenMP workers' allocations count too — end it when no other thread of yours
+// is running library code, since one may still be writing to it.
 
 #include <atomic>
 #include <chrono>

@@ -111,12 +111,9 @@ inline void save_training_state(const std::string& path, nn::Module& model, cons
   io::detail::write_file_atomically(path, bytes);
 }
 
-/// Reads `path` into model, optimizer and the default generator, and returns the caller's part.
-/// Every name, dtype and shape is checked first; on a remat::Error nothing has changed.
-inline TrainingState load_training_state(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {
-  std::ifstream in(path, std::ios::binary);
-  REMAT_CHECK(in.good(), "training state: cannot open {}", path);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+/// load_training_state from the file's bytes (`path` names it in errors).
+inline TrainingState load_training_state_bytes(std::string bytes, const std::string& path, nn::Module& model,
+                                               optim::Optimizer& optimizer) {
   const TensorFile file = parse_safetensors(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), path);
   std::uint64_t header = 0;
   for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)])) << (8 * i);
@@ -181,8 +178,12 @@ inline TrainingState load_training_state(const std::string& path, nn::Module& mo
     }
   }
   REMAT_CHECK(generators.count("default"), "training state: {} has no state of the default generator", path);
-  out.step = static_cast<std::int64_t>(detail::parse_unsigned(need("remat.step"), "remat.step", path));
-  out.data_position = static_cast<std::int64_t>(detail::parse_unsigned(need("remat.data_position"), "remat.data_position", path));
+  const std::uint64_t step = detail::parse_unsigned(need("remat.step"), "remat.step", path),
+                      position = detail::parse_unsigned(need("remat.data_position"), "remat.data_position", path);
+  REMAT_CHECK(step <= static_cast<std::uint64_t>(INT64_MAX) && position <= static_cast<std::uint64_t>(INT64_MAX),
+              "training state: {}: step {} or data position {} is out of range", path, step, position);
+  out.step = static_cast<std::int64_t>(step);
+  out.data_position = static_cast<std::int64_t>(position);
 
   optimizer.load_state(os);  // checks everything before it changes anything; the last check
   {
@@ -193,6 +194,15 @@ inline TrainingState load_training_state(const std::string& path, nn::Module& mo
   generators.erase("default");
   out.generators = std::move(generators);
   return out;
+}
+
+/// Reads `path` into model, optimizer and the default generator, and returns the caller's part.
+/// Every name, dtype and shape is checked first; on a remat::Error nothing has changed.
+inline TrainingState load_training_state(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {
+  std::ifstream in(path, std::ios::binary);
+  REMAT_CHECK(in.good(), "training state: cannot open {}", path);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return load_training_state_bytes(std::move(bytes), path, model, optimizer);
 }
 
 }  // namespace remat::io

@@ -75,7 +75,8 @@ class AdamW : public Optimizer {
   void check_extra(const OptimizerState& s) const override {
     REMAT_CHECK(s.scalars.count("step"), "AdamW: the state has no step count ('step')");
     const double t = s.scalars.at("step");
-    REMAT_CHECK(t >= 0 && t == std::floor(t), "AdamW: the state's step count {} is not a whole number", t);
+    REMAT_CHECK(t >= 0 && t <= 9007199254740992.0 && t == std::floor(t),
+                "AdamW: the state's step count {} is not a whole number in [0, 2^53]", t);
     // Each parameter has both moments or neither.
     for (const auto& [k, tensor] : s.tensors) {
       const std::string buffer = parameter_of(k).second;

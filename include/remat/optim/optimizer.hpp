@@ -2,6 +2,7 @@
 // What every optimizer shares: parameter groups, a learning rate that schedules can set, and
 // zero_grad.
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -66,6 +67,8 @@ class Optimizer {
   /// shapes in the same groups. Everything is checked first: on a remat::Error nothing changed.
   void load_state(const OptimizerState& s) {
     REMAT_CHECK(s.scalars.count("lr"), "{}: the state has no learning rate ('lr')", kind());
+    REMAT_CHECK(std::isfinite(s.scalars.at("lr")) && s.scalars.at("lr") >= 0, "{}: the state's learning rate {} is "
+                "not a non-negative number", kind(), s.scalars.at("lr"));
     // The same parameter groups: as many, each as long (the parameters are matched by position).
     auto scalar = [&](const std::string& key) {
       auto it = s.scalars.find(key);
@@ -74,10 +77,13 @@ class Optimizer {
     };
     REMAT_CHECK(scalar("groups") == static_cast<double>(groups_.size()), "{}: the state has {} parameter group(s), the "
                 "optimizer {}", kind(), scalar("groups"), groups_.size());
-    for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
       REMAT_CHECK(scalar("g" + std::to_string(g) + ".params") == static_cast<double>(groups_[g].params.size()),
                   "{}: group {} of the state has {} parameters, the optimizer's has {}", kind(), g,
                   scalar("g" + std::to_string(g) + ".params"), groups_[g].params.size());
+      REMAT_CHECK(std::isfinite(scalar("g" + std::to_string(g) + ".weight_decay")),
+                  "{}: group {} of the state has weight decay {}", kind(), g, scalar("g" + std::to_string(g) + ".weight_decay"));
+    }
     check_extra(s);
     for (const auto& [key, t] : s.tensors) {
       const auto [p, buffer] = parameter_of(key);
