@@ -17,8 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static optim::AdamW opt(model.parameters());
   std::string bytes(reinterpret_cast<const char*>(data), size);
   if (bytes.size() >= 8) {
-    std::uint64_t header = 0;
-    for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)])) << (8 * i);
+    const std::uint64_t header = io::detail::header_length(bytes);
     if (header <= bytes.size() - 8) {
       const std::size_t at = io::detail::checksum_digits_at(bytes, header);
       if (at != std::string::npos) {

@@ -108,8 +108,7 @@ TEST_CASE("training state: a truncated or altered file is rejected and changes n
   for (std::int64_t t = 0; t < 2; ++t) a.step(t);
   io::save_training_state(f.path, a.model, *a.opt, {});
   const std::string good = read_all(f.path);
-  std::uint64_t header = 0;
-  for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(good[static_cast<std::size_t>(i)])) << (8 * i);
+  const std::uint64_t header = io::detail::header_length(good);
 
   Run b(4, true);
   b.step(0);

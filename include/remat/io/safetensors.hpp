@@ -65,6 +65,16 @@ BasicTensor<T> from_entry(const TensorEntry& e, const std::string& name) {
 
 namespace detail {
 
+/// The header length: the file's first 8 bytes, little-endian (the caller checks there are 8).
+inline std::uint64_t header_length(const unsigned char* bytes) {
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t{bytes[i]} << (8 * i);
+  return n;
+}
+inline std::uint64_t header_length(const std::string& bytes) {
+  return header_length(reinterpret_cast<const unsigned char*>(bytes.data()));
+}
+
 /// Replaces `path` with `bytes` so that a crash at any moment leaves either the old file or the
 /// new one, never a mix or a truncation: written to a temporary file in the same directory,
 /// flushed to the device (fsync), renamed over `path` (atomic on POSIX), and the directory
@@ -203,8 +213,7 @@ inline void read_entry(const nlohmann::json& info, std::uint64_t buffer, std::st
 /// (no overlap, no hole, nothing after the last one).
 inline TensorFile parse_safetensors(const unsigned char* bytes, std::size_t size, const std::string& source) {
   REMAT_CHECK(size >= 8, "safetensors: {} is {} bytes, too short for the 8-byte header length", source, size);
-  std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= std::uint64_t{bytes[i]} << (8 * i);
+  const std::uint64_t n = detail::header_length(bytes);
   REMAT_CHECK(n <= detail::kMaxHeaderBytes, "safetensors: {} declares a {}-byte header, above the format's limit of {} "
               "bytes (corrupt file?)", source, n, detail::kMaxHeaderBytes);
   REMAT_CHECK(n <= size - 8, "safetensors: {} declares a {}-byte header but holds only {} bytes after the length "

@@ -102,8 +102,7 @@ inline void save_training_state(const std::string& path, nn::Module& model, cons
     meta["rng." + name + ".offset"] = std::to_string(g.offset);
   }
   std::string bytes = io::detail::safetensors_bytes(file, meta);
-  std::uint64_t header = 0;
-  for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)])) << (8 * i);
+  const std::uint64_t header = io::detail::header_length(bytes);
   const std::size_t at = detail::checksum_digits_at(bytes, header);
   REMAT_ASSERT(at != std::string::npos);
   const std::string digits = fmt::format("{:016x}", detail::fnv1a(bytes));  // over the file with the digits zero
@@ -115,8 +114,7 @@ inline void save_training_state(const std::string& path, nn::Module& model, cons
 inline TrainingState load_training_state_bytes(std::string bytes, const std::string& path, nn::Module& model,
                                                optim::Optimizer& optimizer) {
   const TensorFile file = parse_safetensors(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), path);
-  std::uint64_t header = 0;
-  for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)])) << (8 * i);
+  const std::uint64_t header = io::detail::header_length(bytes);
   const std::size_t at = detail::checksum_digits_at(bytes, header);
   REMAT_CHECK(at != std::string::npos, "training state: {} has no checksum: it is not a training state remat wrote", path);
   const std::string stored = bytes.substr(at, detail::kChecksumDigits);
