@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the tests: gradient checks as Catch assertions, error-message matching.
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,16 @@ bool all_close(const BasicTensor<T>& a, const BasicTensor<T>& b, double tol = 0)
 struct FreshTape {
   Tape tape;
   TapeGuard guard{tape};
+};
+
+/// A file in the test's working folder, removed when the test ends. CTest runs test cases as
+/// parallel processes in one folder: give each case names of its own.
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name) : path("remat_test_" + name + ".safetensors") {}
+  ~TempFile() { std::remove(path.c_str()); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
 };
 
 /// A small GPT configuration for tests, every field given in one place.

@@ -36,6 +36,18 @@ Grads rnn_grads(std::int64_t L, const Policy* policy, bool compact, std::shared_
   return {x.grad().to_vector(), w.grad().to_vector()};
 }
 
+/// w's gradient after `steps` of `cell` from x: under policy::none as a chain (counts given), or
+/// as a plain loop (counts null).
+std::vector<float> weight_grad(const ChainStep& cell, std::int64_t steps, const Tensor& x, Tensor& w,
+                               std::shared_ptr<ChainCounts> counts) {
+  w.zero_grad();
+  Tensor y = x;
+  if (counts) y = checkpoint_sequential(cell, steps, x, policy::none(), nullptr, counts);
+  else for (std::int64_t i = 0; i < steps; ++i) y = cell(y);
+  sum(y).backward();
+  return w.grad().to_vector();
+}
+
 }  // namespace
 
 TEST_CASE("compact records: gradients bitwise equal to full records and to no chain, dropout on", "[chain][compact]") {
@@ -80,16 +92,8 @@ TEST_CASE("compact records: a step whose backward reads a tensor it made without
   const Tensor x = randn({2, 6}, g).requires_grad_();
   // The mul saves the factory-made scale, which a rebuild that computes nothing could not give back.
   const ChainStep cell = [&w](const Tensor& h) { return tanh(matmul(h, w) * full({2, 6}, 0.5f)); };
-  auto run = [&](bool chain, std::shared_ptr<ChainCounts> counts) {
-    w.zero_grad();
-    Tensor y = x;
-    if (chain) y = checkpoint_sequential(cell, 7, x, policy::none(), nullptr, counts);
-    else for (int i = 0; i < 7; ++i) y = cell(y);
-    sum(y).backward();
-    return w.grad().to_vector();
-  };
   auto counts = std::make_shared<ChainCounts>();
-  CHECK(run(true, counts) == run(false, nullptr));
+  CHECK(weight_grad(cell, 7, x, w, counts) == weight_grad(cell, 7, x, w, nullptr));
   CHECK(counts->records == 7);
   CHECK(counts->rebuilt == 0);
 }
@@ -166,15 +170,7 @@ TEST_CASE("compact records: a step whose ops save its input and views of it", "[
     const Tensor flat = reshape(h, {8});
     return tanh(matmul(h, w)) + reshape(flat * reshape(h, {8}), {2, 4}) * 0.1f;
   };
-  auto run = [&](bool chain, std::shared_ptr<ChainCounts> counts) {
-    w.zero_grad();
-    Tensor y = x;
-    if (chain) y = checkpoint_sequential(cell, 6, x, policy::none(), nullptr, counts);
-    else for (int i = 0; i < 6; ++i) y = cell(y);
-    sum(y).backward();
-    return w.grad().to_vector();
-  };
   auto counts = std::make_shared<ChainCounts>();
-  CHECK(run(true, counts) == run(false, nullptr));
+  CHECK(weight_grad(cell, 6, x, w, counts) == weight_grad(cell, 6, x, w, nullptr));
   CHECK(counts->rebuilt == 6);
 }

@@ -44,11 +44,6 @@ std::vector<ChainStep> mlp_steps(nn::Linear& lin, std::int64_t L) {
 
 namespace {
 
-double predicted_time(const Plan& p, const TierCosts& c) {
-  return static_cast<double>(p.advances) + c.write * static_cast<double>(p.disk_writes) +
-         c.read * static_cast<double>(p.disk_reads);
-}
-
 Plan two_level_plan(std::int64_t L, std::int64_t memory, std::int64_t disk, const TierCosts& c,
                     std::shared_ptr<const detail::TwoLevelTable>* table_out = nullptr) {
   auto table = std::make_shared<const detail::TwoLevelTable>(L, memory, disk, c);
@@ -121,7 +116,7 @@ TEST_CASE("two tiers: the dynamic program is the optimum of an exhaustive search
       std::shared_ptr<const detail::TwoLevelTable> table;
       const Plan p = two_level_plan(L, memory, disk, c, &table);
       CHECK(table->time() == exhaustive_time(L, memory, disk, c));
-      CHECK(predicted_time(p, c) == table->time());
+      CHECK(detail::tier_time(p, c) == table->time());
       CHECK(p.peak_disk_snapshots <= disk);
       CHECK(p.peak_snapshots - p.peak_disk_snapshots <= memory);
     }
@@ -137,7 +132,7 @@ TEST_CASE("two tiers: the schedule costs what the tables predict, never more tha
       INFO("L = " << L << ", " << memory << " in memory, " << disk << " on disk");
       std::shared_ptr<const detail::TwoLevelTable> table;
       const Plan p = two_level_plan(L, memory, disk, c, &table);
-      CHECK(predicted_time(p, c) == table->time());
+      CHECK(detail::tier_time(p, c) == table->time());
       CHECK(p.peak_disk_snapshots <= disk);
       CHECK(p.peak_snapshots - p.peak_disk_snapshots <= memory);
       double family = 1e300;
@@ -151,7 +146,7 @@ TEST_CASE("two tiers: the schedule costs what the tables predict, never more tha
   std::shared_ptr<const detail::TwoLevelTable> table;
   const Plan p = two_level_plan(5000, 2, 4, {2, 2}, &table);
   CHECK(table->group() > 1);
-  CHECK(predicted_time(p, {2, 2}) == table->time());
+  CHECK(detail::tier_time(p, {2, 2}) == table->time());
   CHECK(detail::TwoLevelStream(table).note().find("groups") != std::string::npos);
   CHECK(table->time() <= detail::two_tier_time(5000, 6, 4, {2, 2}));
   // When the family's free placement beats splits on group boundaries, the policy uses the family
@@ -159,7 +154,7 @@ TEST_CASE("two tiers: the schedule costs what the tables predict, never more tha
   TempDir dir;
   const Plan hedged = remat::plan(policy::two_tier(1, 1, dir.path, {2, 2}), 8000);
   CHECK(hedged.note.find("binomial over 2 slots with 1 on disk") != std::string::npos);
-  CHECK(predicted_time(hedged, {2, 2}) < detail::TwoLevelTable(8000, 1, 1, {2, 2}).time());
+  CHECK(detail::tier_time(hedged, {2, 2}) < detail::TwoLevelTable(8000, 1, 1, {2, 2}).time());
 }
 
 TEST_CASE("two tiers: the plan uses disk slots when they pay, and shows them", "[chain][two_tier]") {

@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::size_t at = io::detail::checksum_digits_at(bytes, header);
       if (at != std::string::npos) {
         bytes.replace(at, io::detail::kChecksumDigits, std::string(io::detail::kChecksumDigits, '0'));
-        bytes.replace(at, io::detail::kChecksumDigits, fmt::format("{:016x}", io::detail::fnv1a(bytes)));
+        bytes.replace(at, io::detail::kChecksumDigits, io::detail::checksum(bytes));
       }
     }
   }

@@ -8,11 +8,7 @@
 using namespace remat;
 
 namespace {
-struct TempFile {
-  std::string path;
-  explicit TempFile(const std::string& name) : path("remat_test_" + name + ".safetensors") {}
-  ~TempFile() { std::remove(path.c_str()); }
-};
+using test::TempFile;
 
 nn::GPT make_gpt(std::uint64_t seed) {
   Generator g(seed);

@@ -14,10 +14,9 @@ using namespace remat;
 
 namespace {
 
-struct TempPath {
-  std::string path;
-  explicit TempPath(const std::string& name) : path("remat_test_state_" + name + ".safetensors") {}
-  ~TempPath() { std::remove(path.c_str()); }
+/// Files named state_*, apart from the other io tests' (CTest runs cases in parallel, one folder).
+struct TempPath : test::TempFile {
+  explicit TempPath(const std::string& name) : test::TempFile("state_" + name) {}
 };
 
 /// A small model and one of the optimizers, trained a few steps so every buffer exists.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "remat/core/autograd.hpp"
+#include "remat/core/hash.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/scoped.hpp"
 
@@ -40,10 +41,7 @@ inline bool& checkpoint_debug_flag() {
 /// every bit and any drift changes the hash.
 template <class T>
 std::uint64_t fingerprint(const BasicTensor<T>& t) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(t.data());
-  for (std::size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return fnv1a(t.data(), t.nbytes());
 }
 
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/hash.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/op_output.hpp"
 #include "remat/core/saved_tensor.hpp"
@@ -24,7 +25,7 @@ namespace remat::detail {
 /// Folds one op output report into a hash of a run's op sequence (names and shapes): two runs of
 /// a step that made the same ops in the same order with the same shapes hash alike.
 inline std::uint64_t hash_op(std::uint64_t h, const OpOutput& out) {
-  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  auto mix = [&h](std::uint64_t v) { h = fnv1a_mix(h, v); };
   for (const char* c = out.op.name(); *c; ++c) mix(static_cast<unsigned char>(*c));
   for (std::size_t k = 0; k < out.count; ++k) {
     const Shape& shape = out.shapes ? out.shapes[k] : out.shape;
@@ -33,7 +34,7 @@ inline std::uint64_t hash_op(std::uint64_t h, const OpOutput& out) {
   }
   return h;
 }
-inline constexpr std::uint64_t kEmptyOpHash = 1469598103934665603ull;
+inline constexpr std::uint64_t kEmptyOpHash = kFnvOffset;
 
 struct SegmentReads {
   /// Position (among the op outputs the segment reports, from 0) of the last output a backward

@@ -237,19 +237,6 @@ class TwoLevelStream final : public ActionStream {
     out = pending_[used_++];
     return true;
   }
-  std::size_t next(Action* out, std::size_t n) override {
-    std::size_t k = 0;
-    while (k < n) {
-      if (used_ == pending_.size()) {
-        pending_.clear();
-        used_ = 0;
-        if (!emit()) break;
-        continue;
-      }
-      out[k++] = pending_[used_++];
-    }
-    return k;
-  }
 
  private:
   using T = TwoLevelTable;

@@ -16,15 +16,19 @@
 namespace remat {
 namespace detail {
 
+/// What a plan predicts its schedule costs over two tiers: advances + write·writes + read·reads.
+inline double tier_time(const Plan& p, const TierCosts& c) {
+  return static_cast<double>(p.advances) + c.write * static_cast<double>(p.disk_writes) +
+         c.read * static_cast<double>(p.disk_reads);
+}
+
 /// Predicted time of the binomial schedule with `slots` slots, the `disk_depth` shallowest on
 /// disk (BinomialStream): plan()'s counting pass over its stream. The family the two-tier policy
 /// was before it solved for the optimum, kept to compare against.
 inline double two_tier_time(std::int64_t L, std::int64_t slots, std::int64_t disk_depth, const TierCosts& c) {
-  const Plan p = analyse("two_tier candidate", L, [=]() -> std::unique_ptr<ActionStream> {
+  return tier_time(analyse("two_tier candidate", L, [=]() -> std::unique_ptr<ActionStream> {
     return std::make_unique<BinomialStream>(L, slots, disk_depth);
-  }, nullptr);
-  return static_cast<double>(p.advances) + c.write * static_cast<double>(p.disk_writes) +
-         c.read * static_cast<double>(p.disk_reads);
+  }, nullptr), c);
 }
 
 }  // namespace detail

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "remat/core/hash.hpp"
 #include "remat/core/random.hpp"
 #include "remat/io/safetensors.hpp"
 #include "remat/nn/module.hpp"
@@ -40,10 +41,9 @@ namespace detail {
 inline constexpr const char* kChecksumKey = "remat.checksum";
 inline constexpr std::size_t kChecksumDigits = 16;
 
-inline std::uint64_t fnv1a(const std::string& bytes) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  return h;
+/// The checksum's digits for a file's bytes (with its own digits zeroed).
+inline std::string checksum(const std::string& bytes) {
+  return fmt::format("{:016x}", remat::detail::fnv1a(bytes.data(), bytes.size()));
 }
 
 /// Where the checksum's digits are in a file's bytes (within its header), or npos.
@@ -105,7 +105,7 @@ inline void save_training_state(const std::string& path, nn::Module& model, cons
   const std::uint64_t header = io::detail::header_length(bytes);
   const std::size_t at = detail::checksum_digits_at(bytes, header);
   REMAT_ASSERT(at != std::string::npos);
-  const std::string digits = fmt::format("{:016x}", detail::fnv1a(bytes));  // over the file with the digits zero
+  const std::string digits = detail::checksum(bytes);  // over the file with the digits zero
   bytes.replace(at, detail::kChecksumDigits, digits);
   io::detail::write_file_atomically(path, bytes);
 }
@@ -119,7 +119,7 @@ inline TrainingState load_training_state_bytes(std::string bytes, const std::str
   REMAT_CHECK(at != std::string::npos, "training state: {} has no checksum: it is not a training state remat wrote", path);
   const std::string stored = bytes.substr(at, detail::kChecksumDigits);
   bytes.replace(at, detail::kChecksumDigits, std::string(detail::kChecksumDigits, '0'));
-  REMAT_CHECK(stored == fmt::format("{:016x}", detail::fnv1a(bytes)),
+  REMAT_CHECK(stored == detail::checksum(bytes),
               "training state: {} is damaged: its checksum {} does not match its bytes", path, stored);
 
   const nlohmann::json head = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header));
