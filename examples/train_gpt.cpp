@@ -16,6 +16,12 @@
 // test) kills the process with SIGKILL after step N. --trace PATH writes the timeline of the first
 // training step (every op, replay and chain action; live and saved bytes) as a Chrome trace.
 //
+// Data parallel (built with MPI): `mpirun -np 2 train_gpt --policy blocks` splits each step's
+// global batch (--batch) across the ranks, averages the gradients with dist::DataParallel while
+// backward runs, prints from rank 0 and saves one weights file; --zero 1 shards the AdamW state
+// across the ranks (ZeRO stage 1). As root, Open MPI also needs --allow-run-as-root, and more ranks
+// than cores need --oversubscribe.
+//
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
 // under that schedule (see remat/checkpoint/schedule.hpp) and print its plan first.
@@ -37,6 +43,10 @@
 #include <unistd.h>
 
 #include <remat/remat.hpp>
+#ifdef REMAT_WITH_MPI
+#include <remat/dist/data_parallel.hpp>
+#include <remat/dist/sharded_adamw.hpp>
+#endif
 
 #ifndef REMAT_EXAMPLE_DATA
 #define REMAT_EXAMPLE_DATA "examples/data/corpus.txt"
@@ -55,6 +65,7 @@ struct Options {
   double lr = 3e-3, dropout = 0.0, temperature = 0.8;
   double legible_floor = 0.90;  ///< fail below this share of sampled words found in the corpus
   std::int64_t save_every = 0, die_after = 0;
+  std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks
   std::string state, resume, losses, trace;
 };
 
@@ -113,6 +124,7 @@ Options parse(int argc, char** argv) {
   take_string("resume", o.resume);
   take_string("losses", o.losses);
   take_string("trace", o.trace);
+  take_int("zero", o.zero);
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
   if (o.state.empty()) {
     o.state = o.out;
@@ -183,6 +195,21 @@ std::pair<LongTensor, LongTensor> batch(const std::vector<std::int64_t>& ids, st
   }
   return {x, y};
 }
+
+/// Rows [first, first + n) of a (B, T) batch.
+LongTensor rows(const LongTensor& t, std::int64_t first, std::int64_t n) {
+  LongTensor out(Shape{n, t.size(1)});
+  std::copy(t.data() + first * t.size(1), t.data() + (first + n) * t.size(1), out.data());
+  return out;
+}
+
+#ifdef REMAT_WITH_MPI
+/// Whether mpirun (or another MPI launcher) started this process.
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr;
+}
+#endif
 
 std::string human_bytes(std::size_t b) {
   return b >= (1u << 20) ? fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20))
@@ -256,10 +283,24 @@ std::string clock_text(double secs) {
   return fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-}  // namespace
+#ifdef REMAT_WITH_MPI
+using World = dist::Context;
+#else
+struct World {};  // no MPI in this build: always one process
+#endif
 
-int main(int argc, char** argv) try {
+int train(int argc, char** argv, [[maybe_unused]] World* world) {
   const Options opt = parse(argc, argv);
+#ifdef REMAT_WITH_MPI
+  const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;
+#else
+  const int rank = 0, ranks = 1;
+  REMAT_CHECK(opt.zero == 0, "train_gpt: --zero needs MPI (this build has none)");
+#endif
+  REMAT_CHECK(opt.batch % ranks == 0, "train_gpt: the global batch {} does not split evenly across {} ranks", opt.batch,
+              ranks);
+  if (rank != 0) REMAT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "train_gpt: cannot silence rank {}", rank);
+  const std::int64_t local_batch = opt.batch / ranks;
   const Checkpointing checkpointing = policy::parse(opt.policy);
   const Corpus corpus = load(opt.data);
   const std::size_t split = corpus.ids.size() * 9 / 10;  // the last tenth is held out
@@ -279,7 +320,8 @@ int main(int argc, char** argv) try {
   // Weight decay on matrices only, not on biases, norms or embeddings' positions (GPT-2 practice).
   optim::ParamGroup decay{{}, 0.1}, no_decay{{}, 0.0};
   for (auto& [name, p] : model.named_parameters()) (p->dim() >= 2 ? decay : no_decay).params.push_back(p);
-  optim::AdamW opt_adamw({decay, no_decay}, {opt.lr, 0.9, 0.95, 1e-8});
+  const optim::AdamWOptions adamw_options{opt.lr, 0.9, 0.95, 1e-8};
+  optim::AdamW opt_adamw({decay, no_decay}, adamw_options);
   const std::int64_t warmup = std::min<std::int64_t>(std::max<std::int64_t>(1, opt.steps / 10), opt.steps - 1);
   const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, warmup, opt.steps);
 
@@ -312,6 +354,34 @@ int main(int argc, char** argv) try {
     apply_checkpointing(model, checkpointing);
   }
 
+  // Data parallel: gradients averaged across ranks during backward; optionally sharded AdamW.
+  optim::Optimizer* optimizer = &opt_adamw;
+#ifdef REMAT_WITH_MPI
+  std::optional<dist::DataParallel> ddp;
+  std::optional<dist::ShardedAdamW> sharded;
+  if (world) {
+    dist::DataParallelOptions options;
+    options.shard_gradients = opt.zero != 0;
+    ddp.emplace(*world, model, options);
+    if (opt.zero != 0) optimizer = &sharded.emplace(*ddp, std::vector<optim::ParamGroup>{decay, no_decay}, adamw_options);
+  }
+  REMAT_CHECK(opt.zero == 0 || world, "train_gpt: --zero 1 shards the optimizer across ranks: run under mpirun");
+  auto clip = [&] { return ddp ? ddp->clip_grad_norm(1.0) : optim::clip_grad_norm(model.parameters(), 1.0); };
+  // The step's loss averaged over ranks (every rank calls it: it is a collective).
+  auto global_loss = [&](const Tensor& loss) {
+    if (!world) return static_cast<double>(loss.item());
+    Tensor l = detail::copy_of(loss.detach());
+    dist::all_reduce(*world, l);
+    return static_cast<double>(l.item()) / ranks;
+  };
+#else
+  auto clip = [&] { return optim::clip_grad_norm(model.parameters(), 1.0); };
+  auto global_loss = [](const Tensor& loss) { return static_cast<double>(loss.item()); };
+#endif
+  if (ranks > 1)
+    fmt::print("data parallel: {} ranks, {} sequences each{}\n", ranks, local_batch,
+               opt.zero != 0 ? ", AdamW state sharded (ZeRO-1)" : "");
+
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",
              corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
   fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads, "
@@ -342,10 +412,13 @@ int main(int argc, char** argv) try {
       st.scalars[fmt::format("curve.{:06d}.held_out", k)] = curve[k].held_out;
     }
     if (!losses.empty()) st.tensors["losses"] = tensor(losses, {static_cast<std::int64_t>(losses.size())});
-    io::save_training_state(opt.state, model, opt_adamw, st);
+    if (rank == 0)
+      io::save_training_state(opt.state, model, *optimizer, st);
+    else if (opt.zero != 0)
+      (void)optimizer->state();  // a sharded state is gathered by every rank together
   };
   if (!opt.resume.empty()) {
-    const io::TrainingState st = io::load_training_state(opt.resume, model, opt_adamw);
+    const io::TrainingState st = io::load_training_state(opt.resume, model, *optimizer);
     REMAT_CHECK(st.step <= opt.steps, "train_gpt: {} is at step {}, past --steps {}", opt.resume, st.step, opt.steps);
     first_step = st.step;
     gen.set_state(st.generators.at("data"));
@@ -364,19 +437,23 @@ int main(int argc, char** argv) try {
     std::optional<Trace> trace;
     if (!opt.trace.empty() && step == first_step) trace.emplace(opt.trace);
     auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
-    opt_adamw.set_lr(schedule(step));
+    if (ranks > 1) {  // every rank draws the global batch and takes its rows
+      x = rows(x, rank * local_batch, local_batch);
+      y = rows(y, rank * local_batch, local_batch);
+    }
+    optimizer->set_lr(schedule(step));
     Tensor loss = model.loss(x, y);
     const std::size_t saved_at_forward_end = memory_stats().saved_bytes;
     loss.backward();
-    optim::clip_grad_norm(model.parameters(), 1.0);
-    opt_adamw.step();
-    opt_adamw.zero_grad();
+    clip();
+    optimizer->step();
+    optimizer->zero_grad();
     if (trace) {
       trace->stop();
       fmt::print("timeline of step {} written to {} (peak saved for backward {})\n", step + 1, opt.trace,
                  human_bytes(memory_stats().peak_saved_bytes));
     }
-    const double l = loss.item();
+    const double l = global_loss(loss);
     losses.push_back(static_cast<float>(l));
     if (step == 0) first_loss = l;
     window_loss += l;
@@ -386,7 +463,7 @@ int main(int argc, char** argv) try {
     if ((step + 1) % opt.log_every == 0 || step + 1 == opt.steps) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
       last_avg = window_loss / static_cast<double>(window_steps);
-      const double held = held_out_loss(model, corpus, split, opt.batch, opt.context, 2);
+      const double held = rank == 0 ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2) : 0.0;
       curve.push_back({step + 1, last_avg, held});
       const std::string line = fmt::format(
           "step {:5d}/{}  loss {:.4f}  held-out {:.4f}  {:7.0f} tok/s  saved for backward {}  peak {}", step + 1, opt.steps,
@@ -415,6 +492,7 @@ int main(int argc, char** argv) try {
     REMAT_CHECK(out.good(), "train_gpt: cannot write {}", opt.losses);
   }
   if (tty) fmt::print("\n");
+  if (rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file
   const double total_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
   const double held_out = held_out_loss(model, corpus, split, opt.batch, opt.context, 8);
 
@@ -445,7 +523,8 @@ int main(int argc, char** argv) try {
   const double tok_s = static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs;
   fmt::print("\n| run summary | |\n|---|---|\n");
   fmt::print("| steps | {} (batch {} x context {}, policy {}) |\n", opt.steps, opt.batch, opt.context, opt.policy);
-  fmt::print("| time | {:.1f} s, {:.0f} tokens/s, {} threads |\n", total_secs, tok_s, get_num_threads());
+  fmt::print("| time | {:.1f} s, {:.0f} tokens/s, {} threads{} |\n", total_secs, tok_s, get_num_threads(),
+             ranks > 1 ? fmt::format(" per rank, {} ranks", ranks) : "");
   fmt::print("| train loss | {:.3f} -> {:.3f} nats/char |\n", first_loss, last_avg);
   fmt::print("| held-out loss | {:.3f} nats/char (unigram entropy {:.3f}) |\n", held_out, corpus.unigram_entropy);
   if (opt.sample > 0)
@@ -461,7 +540,22 @@ int main(int argc, char** argv) try {
   if (!learned) fmt::print("FAIL: the held-out loss did not beat the unigram entropy\n");
   if (!readable) fmt::print("FAIL: the sample is below the legibility floor\n");
   return learned && readable ? 0 : 1;
-} catch (const remat::Error& e) {
-  fmt::print(stderr, "{}\n", e.what());
-  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<World> world;
+#ifdef REMAT_WITH_MPI
+  if (launched_by_mpi()) world.emplace(&argc, &argv);
+#endif
+  try {
+    return train(argc, argv, world ? &*world : nullptr);
+  } catch (const remat::Error& e) {
+#ifdef REMAT_WITH_MPI
+    if (world) world->abort(e.what());  // the other ranks may be waiting for this one
+#endif
+    fmt::print(stderr, "{}\n", e.what());
+    return 2;
+  }
 }

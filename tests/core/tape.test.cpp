@@ -131,3 +131,45 @@ TEST_CASE("tape: inputs that do not require grad receive no gradient work", "[co
   CHECK(w.grad().shape() == Shape{3, 4});
   CHECK_FALSE(data.grad().defined());
 }
+
+namespace {
+
+/// Records what the grad observer hears, as data parallelism would use it.
+struct GradRecorder : detail::GradObserver {
+  GradRecorder() : previous(std::exchange(detail::grad_observer(), static_cast<detail::GradObserver*>(this))) {}
+  ~GradRecorder() override { detail::grad_observer() = previous; }
+  void on_leaf_grad(const void* leaf) override { events.push_back(leaf); }
+  void on_backward_end(bool completed) override { ends.push_back(completed); }
+  detail::GradObserver* previous;
+  std::vector<const void*> events;
+  std::vector<bool> ends;
+};
+
+}  // namespace
+
+TEST_CASE("backward: the grad observer hears each leaf contribution, and the outermost end once", "[core][tape]") {
+  Tensor a = tensor({1.f, 2.f}).requires_grad_(), b = tensor({3.f, 4.f}).requires_grad_();
+  GradRecorder rec;
+  sum(a * b + a).backward();  // a takes two contributions, b one
+  CHECK(std::count(rec.events.begin(), rec.events.end(), a.meta().get()) == 2);
+  CHECK(std::count(rec.events.begin(), rec.events.end(), b.meta().get()) == 1);
+  CHECK(rec.ends == std::vector<bool>{true});
+  // Through a checkpointed segment: the replay's contributions are heard too, and one end.
+  rec.events.clear();
+  rec.ends.clear();
+  Tensor y = checkpoint([&](const Tensor& x) { return x * b; }, a);
+  sum(y).backward();
+  CHECK(std::count(rec.events.begin(), rec.events.end(), a.meta().get()) == 1);
+  CHECK(std::count(rec.events.begin(), rec.events.end(), b.meta().get()) == 1);
+  CHECK(rec.ends == std::vector<bool>{true});
+  // A backward that throws part way ends with completed = false; a check before it starts, not at all.
+  rec.ends.clear();
+  Tensor s = a * 1.0f;
+  Tensor y2 = sum(s * s);
+  s.data()[0] = 5.0f;  // modifies a tensor saved for backward
+  REQUIRE_ERROR(y2.backward(), "modified");
+  CHECK(rec.ends == std::vector<bool>{false});
+  Tensor w = a * 3.0f;
+  REQUIRE_ERROR(w.backward(ones({3})), "(3,)");
+  CHECK(rec.ends.size() == 1);
+}

@@ -5,6 +5,7 @@
 #   optim       includes core, nn and optim
 #   io          includes core, nn, optim (a training state holds the optimizer's) and io
 #   checkpoint  includes core, ops and checkpoint
+#   dist        includes core, nn, optim and dist (and MPI: not in remat.hpp, which needs no MPI)
 #   testing     may include any layer; remat.hpp includes everything
 # and no header reaches itself through its includes (no cycles).
 #
@@ -23,6 +24,7 @@ set(allowed_nn core ops nn)
 set(allowed_optim core nn optim)
 set(allowed_io core nn optim io)
 set(allowed_checkpoint core ops checkpoint)
+set(allowed_dist core nn optim dist)
 set(allowed_testing core ops nn optim io checkpoint testing)
 set(allowed_umbrella core ops nn optim io checkpoint testing)
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct AutogradState {
   bool grad_enabled = true;
   bool recording = true;  ///< false inside a checkpointed forward: requires_grad flows, no nodes
   int replay_depth = 0;   ///< > 0 while a checkpoint replays a segment's forward
+  int backward_depth = 0; ///< > 0 inside Tensor::backward (nested: a planner's dry run)
   std::uint64_t next_node_id = 1;
   Tape root;
   std::vector<Tape*> tapes{&root};
@@ -139,17 +141,29 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
     seed = BasicTensor(shape_);
     detail::flat(seed).setOnes();
   }
-  if (meta_->is_leaf()) {
-    detail::accumulate_grad(*meta_, std::move(seed));
-    return;
+  Tape* tape = nullptr;
+  std::ptrdiff_t index = -1;
+  if (!meta_->is_leaf()) {
+    std::tie(tape, index) = detail::locate_node(meta_->node_id);
+    REMAT_CHECK(tape != nullptr && !meta_->history_freed,
+                "backward: the graph that produced this tensor (shape {}) has already been freed — "
+                "backward ran through it before; pass retain_graph=true to the first backward to run "
+                "it twice", shape_);
   }
-  auto [tape, index] = detail::locate_node(meta_->node_id);
-  REMAT_CHECK(tape != nullptr && !meta_->history_freed,
-              "backward: the graph that produced this tensor (shape {}) has already been freed — "
-              "backward ran through it before; pass retain_graph=true to the first backward to run "
-              "it twice", shape_);
-  detail::accumulate_grad(*meta_, std::move(seed));
-  tape->backward(static_cast<TapePosition>(index) + 1, 0, retain_graph);
+  // The grad observer hears when the outermost backward ends (a dry run inside one is not an end).
+  detail::AutogradState& state = detail::autograd_state();
+  const bool outermost = state.backward_depth == 0;
+  ScopedValue<int> depth(state.backward_depth, state.backward_depth + 1);
+  try {
+    detail::accumulate_grad(*meta_, std::move(seed));
+    if (tape) tape->backward(static_cast<TapePosition>(index) + 1, 0, retain_graph);
+  } catch (...) {
+    if (detail::GradObserver* observer = detail::grad_observer(); observer && outermost)
+      observer->on_backward_end(false);
+    throw;
+  }
+  if (detail::GradObserver* observer = detail::grad_observer(); observer && outermost)
+    observer->on_backward_end(true);
 }
 
 }  // namespace remat

@@ -16,6 +16,33 @@ struct AdamWOptions {
   double weight_decay = 0.01;  ///< used when parameters are given as a plain list
 };
 
+/// One AdamW step's coefficients and its element-wise update, shared by AdamW and the sharded
+/// AdamW of remat::dist, which must give the same bits on any slice of a parameter.
+struct AdamWStep {
+  AdamWStep(const AdamWOptions& opt, double lr, std::int64_t t) : lr(lr) {
+    const double bc1 = 1 - std::pow(opt.beta1, t), bc2 = 1 - std::pow(opt.beta2, t);
+    b1 = static_cast<float>(opt.beta1);
+    b2 = static_cast<float>(opt.beta2);
+    step_size = static_cast<float>(lr / bc1);
+    inv_sqrt_bc2 = static_cast<float>(1 / std::sqrt(bc2));
+    eps = static_cast<float>(opt.eps);
+  }
+  float decay(double weight_decay) const { return static_cast<float>(1 - lr * weight_decay); }
+
+  /// w, m, v updated in place from g, n elements.
+  void update(float* w_data, float* m_data, float* v_data, const float* g_data, std::int64_t n, float decay) const {
+    Eigen::Map<Eigen::ArrayXf> w(w_data, n), m(m_data, n), v(v_data, n);
+    Eigen::Map<const Eigen::ArrayXf> g(g_data, n);
+    w *= decay;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g.square();
+    w -= step_size * m / (v.sqrt() * inv_sqrt_bc2 + eps);
+  }
+
+  double lr;
+  float b1, b2, step_size, inv_sqrt_bc2, eps;
+};
+
 /// Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW:
 ///   p -= lr·wd·p;  m = β1 m + (1-β1) g;  v = β2 v + (1-β2) g²;
 ///   p -= lr · (m / (1-β1ᵗ)) / (√(v / (1-β2ᵗ)) + eps).
@@ -31,14 +58,9 @@ class AdamW : public Optimizer {
 
   void step() override {
     no_grad guard;
-    ++t_;
-    const double bc1 = 1 - std::pow(opt_.beta1, t_), bc2 = 1 - std::pow(opt_.beta2, t_);
-    const auto b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
-    const auto step_size = static_cast<float>(lr_ / bc1);
-    const auto inv_sqrt_bc2 = static_cast<float>(1 / std::sqrt(bc2));
-    const auto eps = static_cast<float>(opt_.eps);
+    const AdamWStep c(opt_, lr_, ++t_);
     for (ParamGroup& group : groups_) {
-      const auto decay = static_cast<float>(1 - lr_ * group.weight_decay);
+      const float decay = c.decay(group.weight_decay);
       for (Tensor* p : group.params) {
         const Tensor grad = p->grad();
         if (!grad.defined()) continue;
@@ -47,19 +69,13 @@ class AdamW : public Optimizer {
           s.m = zeros(p->shape());
           s.v = zeros(p->shape());
         }
-        auto g = detail::flat(grad);
-        auto m = detail::flat(s.m);
-        auto v = detail::flat(s.v);
-        auto w = detail::flat(*p);
-        w *= decay;
-        m = b1 * m + (1 - b1) * g;
-        v = b2 * v + (1 - b2) * g.square();
-        w -= step_size * m / (v.sqrt() * inv_sqrt_bc2 + eps);
+        c.update(p->data(), s.m.data(), s.v.data(), grad.data(), p->numel(), decay);
       }
     }
   }
 
   std::int64_t steps() const { return t_; }
+  const AdamWOptions& options() const { return opt_; }
   const char* kind() const override { return "AdamW"; }
 
  private:

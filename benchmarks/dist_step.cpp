@@ -1,0 +1,222 @@
+// The data-parallel GPT training step, and an α–β model of it at scale.
+//
+//   alone:          bench_dist_step --threads 2 --batch 16 ...
+//   data parallel:  mpirun -np 2 bench_dist_step --threads 1 --batch 16 ...   (the same global batch)
+//   --mode blocks|none|... --bucket-mb 25 --first-bucket-mb 1 --steps 6 --warmup 2 --model 0|1
+//
+// Under mpirun, steps alternate between reductions overlapping backward and all reductions after
+// backward; the exposed wait of each (DataParallel::last_exposed_seconds) gives the fraction of
+// the reduction time that overlap hides. Rank 0 prints one JSON line; with --model 1 it also
+// measures α and β of the deterministic all-reduce here and prints the model's predictions of the
+// step time and the hidden fraction at 8, 64 and 512 ranks, for this GPT and a 1.3B-parameter shape.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/dist/data_parallel.hpp>
+
+namespace {
+
+using namespace remat;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// What one model step costs, as the model needs it.
+struct StepShape {
+  std::string name;
+  double params;           ///< parameters (fp32 gradients: 4 bytes each)
+  double forward_s, backward_s, optimizer_s;  ///< per rank, at a fixed micro-batch per rank
+  std::vector<double> bucket_bytes;           ///< in the order they become ready
+};
+
+/// Bucket k is ready once backward has produced its share of the gradient bytes (compute per
+/// byte taken as uniform); buckets are reduced one after another, each as soon as it is ready and
+/// the previous one is done. Per bucket of S bytes over N ranks, as remat::dist does it: a
+/// pairwise all-to-all ((N-1) α + (N-1)/N S β) then an all-gather (⌈log2 N⌉ α + (N-1)/N S β).
+struct Prediction {
+  double step_s, comm_s, exposed_s;
+};
+Prediction predict(const StepShape& s, int ranks, double alpha, double beta) {
+  const double n = ranks;
+  double total = 0;
+  for (double b : s.bucket_bytes) total += b;
+  double done = 0, ready_bytes = 0, comm = 0;
+  for (double b : s.bucket_bytes) {
+    ready_bytes += b;
+    const double ready = s.backward_s * ready_bytes / total;
+    const double cost = ranks == 1 ? 0.0 : (n - 1) * alpha + std::ceil(std::log2(n)) * alpha + 2 * (n - 1) / n * b * beta;
+    done = std::max(done, ready) + cost;
+    comm += cost;
+  }
+  const double exposed = std::max(0.0, done - s.backward_s);
+  return {s.forward_s + s.backward_s + exposed + s.optimizer_s, comm, exposed};
+}
+
+std::vector<double> buckets_of(double total_bytes, double first, double cap) {
+  std::vector<double> out;
+  double left = total_bytes;
+  for (double c = first; left > 0; c = cap) {
+    out.push_back(std::min(c, left));
+    left -= out.back();
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<dist::Context> world;
+  const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+  if (mpi) world.emplace(&argc, &argv);
+  try {
+    std::map<std::string, std::string> a{{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
+                                         {"batch", "16"}, {"vocab", "256"}, {"mode", "blocks"}, {"steps", "6"},
+                                         {"warmup", "2"}, {"threads", "1"}, {"model", "0"},
+                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}};
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string k = std::string(argv[i]).substr(2);
+      REMAT_CHECK(a.count(k), "dist_step: unknown flag --{}", k);
+      a[k] = argv[i + 1];
+    }
+    set_num_threads(std::stoi(a["threads"]));
+    const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;
+    nn::GPTConfig cfg;
+    cfg.n_layer = std::stoll(a["layers"]);
+    cfg.n_embd = std::stoll(a["width"]);
+    cfg.n_head = std::stoll(a["heads"]);
+    cfg.block_size = std::stoll(a["context"]);
+    cfg.vocab_size = std::stoll(a["vocab"]);
+    cfg.dropout = 0.1;
+    const std::int64_t global_batch = std::stoll(a["batch"]);
+    REMAT_CHECK(global_batch % ranks == 0, "dist_step: batch {} does not split across {} ranks", global_batch, ranks);
+    const std::int64_t B = global_batch / ranks;
+    Generator gen(0);
+    nn::GPT model(cfg, gen);
+    apply_checkpointing(model, policy::parse(a["mode"]));
+    optim::AdamW adamw(model.parameters(), {1e-4});
+    const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+    const LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+    std::optional<dist::DataParallel> ddp;
+    dist::DataParallelOptions options;
+    options.bucket_bytes = static_cast<std::size_t>(std::stod(a["bucket-mb"]) * (1 << 20));
+    options.first_bucket_bytes = static_cast<std::size_t>(std::stod(a["first-bucket-mb"]) * (1 << 20));
+    if (world) ddp.emplace(*world, model, options);
+
+    // Steps alternate overlap on / off (alone: every step is the same).
+    std::vector<double> step_s[2], fwd_s[2], bwd_s[2], opt_s[2], exposed_s[2];
+    const int warmup = std::stoi(a["warmup"]), steps = std::stoi(a["steps"]);
+    for (int s = 0; s < warmup + 2 * steps; ++s) {
+      const int overlap = s % 2 == 0 ? 1 : 0;
+      if (ddp) ddp->set_overlap(overlap != 0);
+      if (world) world->barrier();
+      const auto t0 = Clock::now();
+      Tensor loss = model.loss(idx, targets);
+      const double f = seconds_since(t0);
+      const auto t1 = Clock::now();
+      loss.backward();
+      const double b = seconds_since(t1);
+      const auto t2 = Clock::now();
+      adamw.step();
+      adamw.zero_grad();
+      const double o = seconds_since(t2);
+      if (s < warmup) continue;
+      step_s[overlap].push_back(seconds_since(t0));
+      fwd_s[overlap].push_back(f);
+      bwd_s[overlap].push_back(b);
+      opt_s[overlap].push_back(o);
+      exposed_s[overlap].push_back(ddp ? ddp->last_exposed_seconds() : 0.0);
+    }
+    const double tokens = static_cast<double>(global_batch * cfg.block_size);
+    if (rank == 0) {
+      if (ddp) {
+        const double hidden = 1 - median(exposed_s[1]) / median(exposed_s[0]);
+        fmt::print("{{\"ranks\": {}, \"threads_per_rank\": {}, \"mode\": \"{}\", \"global_batch\": {}, "
+                   "\"step_ms_overlap\": {:.2f}, \"step_ms_after\": {:.2f}, \"tokens_per_s_overlap\": {:.0f}, "
+                   "\"tokens_per_s_after\": {:.0f}, \"reduce_ms_after_backward\": {:.3f}, \"exposed_ms_overlap\": {:.3f}, "
+                   "\"hidden_fraction\": {:.3f}, \"buckets\": {}}}\n",
+                   ranks, get_num_threads(), a["mode"], global_batch, 1e3 * median(step_s[1]), 1e3 * median(step_s[0]),
+                   tokens / median(step_s[1]), tokens / median(step_s[0]), 1e3 * median(exposed_s[0]),
+                   1e3 * median(exposed_s[1]), hidden, ddp->buckets().size());
+      } else {
+        std::vector<double> all = step_s[0];
+        all.insert(all.end(), step_s[1].begin(), step_s[1].end());
+        fmt::print("{{\"ranks\": 1, \"threads_per_rank\": {}, \"mode\": \"{}\", \"global_batch\": {}, \"step_ms\": {:.2f}, "
+                   "\"tokens_per_s\": {:.0f}}}\n",
+                   get_num_threads(), a["mode"], global_batch, 1e3 * median(all), tokens / median(all));
+      }
+    }
+
+    if (a["model"] != "0" && world && ranks >= 2) {
+      // α and β of the deterministic all-reduce here: time small and large messages.
+      auto time_all_reduce = [&](std::int64_t n) {
+        Tensor t = zeros(Shape{n});
+        std::vector<double> v;
+        for (int r = 0; r < 7; ++r) {
+          world->barrier();
+          const auto t0 = Clock::now();
+          dist::all_reduce(*world, t);
+          v.push_back(seconds_since(t0));
+        }
+        return median(v);
+      };
+      const double n = ranks, small = time_all_reduce(2), large = time_all_reduce(std::int64_t{1} << 24);
+      const double alpha = small / ((n - 1) + std::ceil(std::log2(n)));
+      const double beta = std::max(0.0, large - small) / (2 * (n - 1) / n * 4.0 * (1 << 24));
+      if (rank == 0) {
+        // The measured step at this micro-batch, and a 1.3B-parameter GPT (24 layers, width 2048,
+        // vocabulary 50257, context 2048) whose compute is scaled from this one by FLOPs (6 per
+        // parameter per token), at the throughput measured here.
+        std::vector<double> small_buckets;
+        for (const dist::Bucket& bk : ddp->buckets()) small_buckets.push_back(4.0 * static_cast<double>(bk.numel));
+        const double p_small = static_cast<double>(model.num_parameters());
+        const StepShape measured{"this GPT (" + std::to_string(model.num_parameters()) + " parameters, " +
+                                     std::to_string(B) + " x " + std::to_string(cfg.block_size) + " tokens per rank)",
+                                 p_small, median(fwd_s[1]), median(bwd_s[1]) - median(exposed_s[1]), median(opt_s[1]),
+                                 small_buckets};
+        const double p_big = 24 * 12.0 * 2048 * 2048 + 50257.0 * 2048 + 2048.0 * 2048;
+        const double tokens_big = 8.0 * 2048;  // 8 sequences of 2048 per rank
+        const double scale = (p_big * tokens_big) / (p_small * static_cast<double>(B * cfg.block_size));
+        const StepShape big{"GPT 1.3B (8 x 2048 tokens per rank, compute scaled by FLOPs)", p_big,
+                            measured.forward_s * scale, measured.backward_s * scale, measured.optimizer_s * p_big / p_small,
+                            buckets_of(4 * p_big, 1 << 20, 25 << 20)};
+        // The same 1.3B step on an accelerator: compute at an assumed 100 TFLOP/s per rank, backward
+        // two thirds of it, the optimizer at an assumed 1 TB/s over its 16 bytes per parameter.
+        const double flops_big = 6 * p_big * tokens_big;
+        const StepShape fast{"GPT 1.3B at an assumed 100 TFLOP/s per rank", p_big, flops_big / 3 / 100e12,
+                             2 * flops_big / 3 / 100e12, 16 * p_big / 1e12, big.bucket_bytes};
+        struct Network {
+          const char* name;
+          double alpha, beta;
+        } networks[] = {{"measured here (shared memory)", alpha, beta},
+                        {"assumed cluster: 100 Gb/s, 5 us", 5e-6, 1 / 12.5e9}};
+        fmt::print("# α–β model: measured α = {:.2f} µs, β = {:.3f} ns/byte ({:.1f} GB/s) from the all-reduce of 8 B and "
+                   "64 MiB on {} ranks\n", alpha * 1e6, beta * 1e9, 1e-9 / beta, ranks);
+        fmt::print("| model | network | ranks | step (s) | reduction (s) | exposed (s) | hidden |\n|---|---|---|---|---|---|---|\n");
+        for (const StepShape* sh : {&measured, &big, &fast})
+          for (const Network& net : networks)
+            for (int r : {ranks, 8, 64, 512}) {
+              const Prediction p = predict(*sh, r, net.alpha, net.beta);
+              fmt::print("| {} | {} | {} | {:.4g} | {:.4g} | {:.4g} | {:.1f}% |\n", sh->name, net.name, r, p.step_s,
+                         p.comm_s, p.exposed_s, p.comm_s > 0 ? 100 * (1 - p.exposed_s / p.comm_s) : 100.0);
+            }
+      }
+    }
+    return 0;
+  } catch (const remat::Error& e) {
+    if (world) world->abort(e.what());
+    fmt::print(stderr, "{}\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,333 @@
+// Data parallelism over MPI, run by every rank (2 and 4 ranks in CTest): the deterministic
+// collectives, DataParallel and ShardedAdamW against one process accumulating the same
+// micro-batches in rank order, bitwise; overlap from the recorded event order; divergent ranks.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/dist/data_parallel.hpp>
+#include <remat/dist/sharded_adamw.hpp>
+#include <remat/nn/gpt.hpp>
+#include <remat/nn/linear.hpp>
+#include <remat/optim/adamw.hpp>
+
+#include "dist/support_dist.hpp"
+
+namespace remat::test {
+namespace {
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+/// Rank r's values, the same on every rank that asks.
+Tensor values_of(int rank, const Shape& shape) {
+  Generator gen(static_cast<std::uint64_t>(100 + rank));
+  return randn(shape, gen);
+}
+
+TEST_CASE("dist: all_reduce adds in rank order, the bits one process gets", "[dist]") {
+  dist::Context& ctx = world();
+  for (const std::int64_t n : {1, 3, 1000, 4099}) {  // fewer elements than ranks, and uneven shards
+    Tensor t = values_of(ctx.rank(), Shape{n});
+    dist::all_reduce(ctx, t);
+    Tensor expected = values_of(0, Shape{n});
+    for (int q = 1; q < ctx.world_size(); ++q) detail::flat(expected) += detail::flat(values_of(q, Shape{n}));
+    CHECK(bitwise_equal(t, expected));
+
+    const Tensor shard = dist::reduce_scatter(ctx, values_of(ctx.rank(), Shape{n}));
+    const dist::ShardLayout layout(n, ctx.world_size());
+    REQUIRE(shard.numel() == layout.counts[static_cast<std::size_t>(ctx.rank())]);
+    CHECK(std::memcmp(shard.data(), expected.data() + layout.offsets[static_cast<std::size_t>(ctx.rank())],
+                      shard.nbytes()) == 0);
+    CHECK(bitwise_equal(dist::all_gather(ctx, shard, Shape{n}), expected));
+  }
+  Tensor b = values_of(ctx.rank(), Shape{2, 3});
+  dist::broadcast(ctx, b, 0);
+  CHECK(bitwise_equal(b, values_of(0, Shape{2, 3})));
+  CHECK_THROWS_WITH(dist::all_gather(ctx, Tensor(Shape{2}), Shape{2 * ctx.world_size() + 1}),
+                    Catch::Contains("dist::all_gather") && Catch::Contains("shape"));
+}
+
+nn::GPTConfig tiny_gpt() {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 13;
+  cfg.block_size = 8;
+  cfg.n_layer = 4;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  cfg.dropout = 0.1;  // replays must draw what the forward drew
+  return cfg;
+}
+
+/// Micro-batch `rank` of `step`: 2 sequences of 8 tokens, and the dropout seed its forward uses.
+struct MicroBatch {
+  LongTensor x, y;
+  std::uint64_t seed;
+};
+MicroBatch micro_batch(int step, int rank) {
+  Generator gen(static_cast<std::uint64_t>(1000 * step + rank));
+  LongTensor x = randint(0, 13, Shape{2, 8}, gen), y = randint(0, 13, Shape{2, 8}, gen);
+  return {x, y, static_cast<std::uint64_t>(7000 + 1000 * step + rank)};
+}
+
+std::vector<optim::ParamGroup> gpt_groups(nn::GPT& model) {
+  optim::ParamGroup decay{{}, 0.1}, no_decay{{}, 0.0};
+  for (auto& [name, p] : model.named_parameters()) (p->dim() >= 2 ? decay : no_decay).params.push_back(p);
+  return {decay, no_decay};
+}
+const optim::AdamWOptions kAdamW{1e-2, 0.9, 0.95, 1e-8, 0.0};
+
+struct Trajectory {
+  std::vector<std::vector<Tensor>> grads;  ///< per step, per parameter (the averaged gradient)
+  std::vector<Tensor> weights;             ///< after the last step
+};
+
+std::vector<Tensor> copies(const std::vector<Tensor*>& ps, bool grads) {
+  std::vector<Tensor> out;
+  for (Tensor* p : ps) out.push_back(detail::copy_of(grads ? p->grad() : *p));
+  return out;
+}
+
+/// One process: each step accumulates the N micro-batches in rank order, divides by N, AdamW.
+Trajectory reference(int ranks, int steps) {
+  Generator init(5);
+  nn::GPT model(tiny_gpt(), init);
+  optim::AdamW adamw(gpt_groups(model), kAdamW);
+  Trajectory out;
+  for (int step = 0; step < steps; ++step) {
+    for (int r = 0; r < ranks; ++r) {
+      const MicroBatch mb = micro_batch(step, r);
+      manual_seed(mb.seed);
+      model.loss(mb.x, mb.y).backward();
+    }
+    for (Tensor* p : model.parameters()) {
+      Tensor g = p->grad();
+      detail::flat(g) /= static_cast<float>(ranks);
+    }
+    out.grads.push_back(copies(model.parameters(), true));
+    adamw.step();
+    adamw.zero_grad();
+  }
+  out.weights = copies(model.parameters(), false);
+  return out;
+}
+
+/// N ranks: rank r runs micro-batch r of each step under `policy`.
+Trajectory distributed(const std::string& policy, bool sharded, int steps, dist::DataParallelOptions options = {}) {
+  dist::Context& ctx = world();
+  Generator init(5);
+  nn::GPT model(tiny_gpt(), init);
+  apply_checkpointing(model, policy::parse(policy));
+  options.shard_gradients = sharded;
+  dist::DataParallel ddp(ctx, model, options);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (sharded)
+    opt = std::make_unique<dist::ShardedAdamW>(ddp, gpt_groups(model), kAdamW);
+  else
+    opt = std::make_unique<optim::AdamW>(gpt_groups(model), kAdamW);
+  Trajectory out;
+  for (int step = 0; step < steps; ++step) {
+    const MicroBatch mb = micro_batch(step, ctx.rank());
+    manual_seed(mb.seed);
+    model.loss(mb.x, mb.y).backward();
+    if (sharded) ddp.gather_gradients();
+    out.grads.push_back(copies(model.parameters(), true));
+    opt->step();
+    opt->zero_grad();
+  }
+  out.weights = copies(model.parameters(), false);
+  return out;
+}
+
+TEST_CASE("dist: DataParallel (and ZeRO-1) give the gradients and weights of one process accumulating the "
+          "ranks' micro-batches, bitwise, under every checkpointing policy", "[dist]") {
+  const int steps = 3;
+  const Trajectory expected = reference(world().world_size(), steps);
+  dist::DataParallelOptions small_buckets;  // several buckets even for this small model
+  small_buckets.first_bucket_bytes = 2048;
+  small_buckets.bucket_bytes = 8192;
+  for (const std::string policy : {"none", "blocks", "binomial:3"})
+    for (const bool sharded : {false, true}) {
+      INFO("policy " << policy << (sharded ? ", sharded optimizer state" : ", whole optimizer state"));
+      const Trajectory got = distributed(policy, sharded, steps, small_buckets);
+      for (int step = 0; step < steps; ++step)
+        for (std::size_t i = 0; i < expected.grads[0].size(); ++i) {
+          INFO("step " << step << ", parameter " << i);
+          CHECK(bitwise_equal(got.grads[static_cast<std::size_t>(step)][i], expected.grads[static_cast<std::size_t>(step)][i]));
+        }
+      for (std::size_t i = 0; i < expected.weights.size(); ++i) {
+        INFO("weights after " << steps << " steps, parameter " << i);
+        CHECK(bitwise_equal(got.weights[i], expected.weights[i]));
+      }
+    }
+}
+
+TEST_CASE("dist: a sharded optimizer holds about 1/N of AdamW's state", "[dist]") {
+  dist::Context& ctx = world();
+  Generator init(5);
+  nn::GPT model(tiny_gpt(), init);
+  dist::DataParallelOptions options;
+  options.shard_gradients = true;
+  dist::DataParallel ddp(ctx, model, options);
+  dist::ShardedAdamW opt(ddp, gpt_groups(model), kAdamW);
+  const MicroBatch mb = micro_batch(0, ctx.rank());
+  model.loss(mb.x, mb.y).backward();
+  opt.step();
+  const auto full = static_cast<std::size_t>(model.num_parameters()) * 2 * sizeof(float);
+  const auto n = static_cast<std::size_t>(ctx.world_size());
+  // Each bucket's shards differ by at most one element.
+  CHECK(opt.state_bytes() <= full / n + ddp.buckets().size() * 2 * sizeof(float));
+  CHECK(opt.state_bytes() + ddp.buckets().size() * 2 * sizeof(float) >= full / n);
+
+  // Its state is AdamW's (gathered): loadable into a whole AdamW, bitwise the same moments.
+  const optim::OptimizerState state = opt.state();
+  optim::AdamW whole(gpt_groups(model), kAdamW);
+  whole.load_state(state);
+  CHECK(whole.steps() == 1);
+  CHECK(state.tensors.size() == 2 * model.parameters().size());
+}
+
+TEST_CASE("dist: reductions start while backward still runs (event order)", "[dist]") {
+  dist::Context& ctx = world();
+  for (const std::string policy : {"none", "blocks", "binomial:3"}) {
+    INFO("policy " << policy);
+    Generator init(5);
+    nn::GPT model(tiny_gpt(), init);
+    apply_checkpointing(model, policy::parse(policy));
+    dist::DataParallelOptions options;
+    options.first_bucket_bytes = 2048;
+    options.bucket_bytes = 8192;
+    dist::DataParallel ddp(ctx, model, options);
+    for (int step = 0; step < 2; ++step) {
+      const MicroBatch mb = micro_batch(step, ctx.rank());
+      model.loss(mb.x, mb.y).backward();
+      model.zero_grad();
+    }
+    REQUIRE(ddp.buckets().size() >= 3);
+    const std::vector<dist::SyncEvent>& events = ddp.last_events();
+    std::size_t first_sent = events.size(), end = events.size(), sent_before_end = 0;
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      if (events[i].kind == dist::SyncEvent::Kind::bucket_sent && first_sent == events.size()) first_sent = i;
+      if (events[i].kind == dist::SyncEvent::Kind::backward_end) end = i;
+      if (events[i].kind == dist::SyncEvent::Kind::bucket_sent && end == events.size()) ++sent_before_end;
+    }
+    REQUIRE(end < events.size());
+    CHECK(first_sent < end);
+    CHECK(events[first_sent].bucket == 0);
+    // Every bucket but the one holding the embeddings (final only at the very end) went early.
+    CHECK(sent_before_end + 1 >= ddp.buckets().size());
+
+    // Without overlap nothing is sent before the end.
+    options.overlap = false;
+    Generator init2(5);
+    nn::GPT model2(tiny_gpt(), init2);
+    dist::DataParallel late(ctx, model2, options);
+    for (int step = 0; step < 2; ++step) {
+      const MicroBatch mb = micro_batch(step, ctx.rank());
+      model2.loss(mb.x, mb.y).backward();
+      model2.zero_grad();
+    }
+    CHECK(late.last_events().front().kind == dist::SyncEvent::Kind::backward_end);
+  }
+}
+
+TEST_CASE("dist: no_sync accumulates locally; the next backward averages the sums", "[dist]") {
+  dist::Context& ctx = world();
+  const int n = ctx.world_size();
+  // Expected: rank r's two micro-batches accumulated, then those sums added in rank order, / N.
+  std::vector<Tensor> expected;
+  {
+    Generator init(5);
+    nn::GPT model(tiny_gpt(), init);
+    std::vector<std::vector<Tensor>> per_rank;
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < 2; ++k) {
+        const MicroBatch mb = micro_batch(k, r);
+        manual_seed(mb.seed);
+        model.loss(mb.x, mb.y).backward();
+      }
+      per_rank.push_back(copies(model.parameters(), true));
+      model.zero_grad();
+    }
+    expected = per_rank[0];
+    for (int r = 1; r < n; ++r)
+      for (std::size_t i = 0; i < expected.size(); ++i) detail::flat(expected[i]) += detail::flat(per_rank[static_cast<std::size_t>(r)][i]);
+    for (Tensor& g : expected) detail::flat(g) /= static_cast<float>(n);
+  }
+  Generator init(5);
+  nn::GPT model(tiny_gpt(), init);
+  apply_checkpointing(model, policy::parse("blocks"));
+  dist::DataParallel ddp(ctx, model);
+  {
+    auto local = ddp.no_sync();
+    const MicroBatch mb = micro_batch(0, ctx.rank());
+    manual_seed(mb.seed);
+    model.loss(mb.x, mb.y).backward();
+  }
+  CHECK(ddp.buckets().empty());  // nothing was communicated
+  const MicroBatch mb = micro_batch(1, ctx.rank());
+  manual_seed(mb.seed);
+  model.loss(mb.x, mb.y).backward();
+  const std::vector<Tensor> got = copies(model.parameters(), true);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(bitwise_equal(got[i], expected[i]));
+  }
+
+  // Clipping the averaged gradients: the same norm and the same clipped bits as one process.
+  std::vector<Tensor> holders;
+  for (Tensor& g : expected) {
+    Tensor h = detail::copy_of(g);
+    h.requires_grad_();
+    h.meta()->grad = detail::copy_of(g);
+    holders.push_back(h);
+  }
+  std::vector<Tensor*> holder_ptrs;
+  for (Tensor& h : holders) holder_ptrs.push_back(&h);
+  const double expected_norm = optim::clip_grad_norm(holder_ptrs, 0.05);
+  const double norm = ddp.clip_grad_norm(0.05);
+  CHECK(norm == expected_norm);
+  for (std::size_t i = 0; i < holders.size(); ++i) CHECK(bitwise_equal(model.parameters()[i]->grad(), holders[i].grad()));
+}
+
+TEST_CASE("dist: ranks whose models differ are told so, every rank, before any step", "[dist]") {
+  dist::Context& ctx = world();
+  nn::Linear a(4, 3), b(3, 2);
+  std::vector<std::pair<std::string, Tensor*>> named = {{"a.weight", &a.weight}, {"a.bias", &a.bias},
+                                                       {"b.weight", &b.weight}};
+  Tensor extra = zeros(Shape{5});
+  extra.requires_grad_();
+  if (ctx.rank() == ctx.world_size() - 1) named.push_back({"extra", &extra});
+  if (ctx.world_size() == 1) return;
+  const std::string last = std::to_string(ctx.world_size() - 1);
+  CHECK_THROWS_WITH(dist::DataParallel(ctx, named),
+                    Catch::Contains("parameters differ") && Catch::Contains("rank " + last + " has parameter 3 'extra'"));
+
+  // Same names, another shape on the last rank.
+  nn::Linear wide(4, ctx.rank() == ctx.world_size() - 1 ? 4 : 3);
+  std::vector<std::pair<std::string, Tensor*>> shaped = {{"a.weight", &wide.weight}};
+  CHECK_THROWS_WITH(dist::DataParallel(ctx, shaped), Catch::Contains("of shape (3, 4)") &&
+                                                        Catch::Contains("rank " + last + " has parameter 0 'a.weight' of shape (4, 4)"));
+}
+
+TEST_CASE("dist: ranks whose gradients become ready in another order are told so at the first step", "[dist]") {
+  dist::Context& ctx = world();
+  if (ctx.world_size() == 1) return;
+  nn::Linear a(4, 4), b(4, 4);
+  dist::DataParallelOptions options;
+  options.first_bucket_bytes = options.bucket_bytes = 16;  // one parameter per bucket
+  dist::DataParallel ddp(ctx, {{"a.weight", &a.weight}, {"b.weight", &b.weight}}, options);
+  const Tensor x = ones(Shape{2, 4});
+  // Rank 0 runs a then b; the others b then a: backward makes the gradients final in other orders.
+  const Tensor y = ctx.rank() == 0 ? b(a(x)) : a(b(x));
+  CHECK_THROWS_WITH(sum(y).backward(), Catch::Contains("bucket layouts differ") && Catch::Contains("bucket 0"));
+}
+
+}  // namespace
+}  // namespace remat::test
