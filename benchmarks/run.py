@@ -88,8 +88,11 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     peer_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
 
-    gemm = run_json([os.path.join(a.bin, "bench_gemm")])["gemm_gflops"]
-    print(f"float32 GEMM 1024^3 on 2 threads (Eigen): {gemm:.1f} GFLOP/s\n")
+    g = run_json([os.path.join(a.bin, "bench_gemm")])
+    gemm = g["gemm_gflops"]
+    print(f"float32 GEMM 1024^3 on 2 threads: Eigen {g['eigen_gflops']:.1f} GFLOP/s, "
+          f"{g['backend']} (the build's backend) {g['backend_gflops']:.1f} GFLOP/s; fractions below are of "
+          f"the better, {gemm:.1f}\n")
 
     rows = []
     for name, cfg in CONFIGS.items():

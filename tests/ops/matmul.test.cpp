@@ -42,3 +42,34 @@ TEST_CASE("matmul: mismatched inner dims and rank-1 inputs throw", "[ops][matmul
   REQUIRE_ERROR(matmul(zeros({3}), zeros({3, 2})), "matmul", "rank");
   REQUIRE_ERROR(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), "matmul", "broadcast");
 }
+
+TEST_CASE("gemm: the float backend gives the same bits for the same operands wherever they live, and agrees "
+          "with double", "[ops][matmul]") {
+  INFO("float GEMM backend: " << detail::gemm_backend());
+  const std::int64_t m = 67, n = 131, k = 259;  // odd sizes: every kernel's edge paths
+  Generator g(3);
+  const std::vector<float> a = randn({m * k + 1}, g).to_vector(), b = randn({k * n + 1}, g).to_vector();
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      INFO("transposes " << ta << " " << tb);
+      const std::int64_t lda = ta ? m : k, ldb = tb ? k : n;
+      std::vector<float> c1(static_cast<std::size_t>(m * n)), c2(static_cast<std::size_t>(m * n + 1));
+      detail::gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c1.data(), n);
+      // The same values one float further on: other alignment, other addresses.
+      std::vector<float> a2(a.size() + 1), b2(b.size() + 1);
+      std::copy(a.begin(), a.end() - 1, a2.begin() + 1);
+      std::copy(b.begin(), b.end() - 1, b2.begin() + 1);
+      detail::gemm(ta, tb, m, n, k, a2.data() + 1, lda, b2.data() + 1, ldb, c2.data() + 1, n);
+      CHECK(std::equal(c1.begin(), c1.end(), c2.begin() + 1));
+      // Against the product in double.
+      std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end()), cd(static_cast<std::size_t>(m * n));
+      detail::gemm(ta, tb, m, n, k, ad.data(), lda, bd.data(), ldb, cd.data(), n);
+      double worst = 0;
+      for (std::size_t i = 0; i < cd.size(); ++i) worst = std::max(worst, std::abs(cd[i] - c1[i]) / (1 + std::abs(cd[i])));
+      CHECK(worst < 1e-4);
+      // Accumulating adds the same product again.
+      std::vector<float> acc = c1;
+      detail::gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, acc.data(), n, /*accumulate=*/true);
+      for (std::size_t i = 0; i < acc.size(); i += 97) CHECK(acc[i] == Approx(2 * c1[i]).margin(1e-4));
+    }
+}

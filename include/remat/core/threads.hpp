@@ -1,6 +1,7 @@
 #pragma once
-// The thread count of the compute kernels. Eigen's GEMM runs on OpenMP threads when remat is built
-// with OpenMP (the CMake target links it); OMP_NUM_THREADS sets the default, this overrides it.
+// The thread count of the compute kernels. Eigen's and oneDNN's GEMMs run on OpenMP threads when
+// remat is built with OpenMP (the CMake target links it); OMP_NUM_THREADS sets the default, this
+// overrides it for both.
 
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +25,9 @@ namespace remat {
 inline void set_num_threads(int n) {
   REMAT_CHECK(n >= 1, "set_num_threads: needs at least 1 thread, got {}", n);
   Eigen::setNbThreads(n);
+#ifdef _OPENMP
+  omp_set_num_threads(n);  // oneDNN's GEMM sizes its team from the calling thread's OpenMP count
+#endif
 }
 
 inline int get_num_threads() { return Eigen::nbThreads(); }

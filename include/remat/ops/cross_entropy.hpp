@@ -9,10 +9,13 @@
 // and the catastrophic cancellation of log(softmax(z)) when p_t underflows: the forward computes
 // log Σ e^{z − max} − (z_t − max) directly.
 // Saves: p (the backward is p − onehot, so p is all it needs) and the targets.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "remat/core/produce.hpp"
+#include "remat/core/threads.hpp"
 
 namespace remat {
 namespace op {
@@ -46,17 +49,27 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
   auto [loss, probs] = detail::produce_all<T, T>(
       op::cross_entropy, {Shape{}, logits.shape()}, 5.0 * static_cast<double>(logits.numel()), [&] {
         BasicTensor<T> out_probs(logits.shape());
-        auto z = detail::rows(logits, c);
-        auto p = detail::rows(out_probs, c);
-        p = (z.colwise() - z.rowwise().maxCoeff()).exp();
-        const Eigen::Array<T, Eigen::Dynamic, 1> norm = p.rowwise().sum();
-        p.colwise() /= norm;
+        const T* pz = logits.data();
+        T* pp = out_probs.data();
+        // Rows on all threads; each row's loss term kept, then added in row order (the same bits on
+        // any thread count).
+        std::vector<T> term(static_cast<std::size_t>(n), T(0));
+        parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                     [&](std::int64_t r0, std::int64_t r1) {
+                       for (std::int64_t i = r0; i < r1; ++i) {
+                         const detail::ConstArrayMap<T> z(pz + i * c, c);
+                         detail::ArrayMap<T> p(pp + i * c, c);
+                         const T top = z.maxCoeff();
+                         p = (z - top).exp();
+                         const T norm = p.sum();
+                         p /= norm;
+                         // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
+                         if (t[i] != ignore_index) term[static_cast<std::size_t>(i)] = std::log(norm) - (z(t[i]) - top);
+                       }
+                     });
         T total = 0;
-        for (std::int64_t i = 0; i < n; ++i) {
-          if (t[i] == ignore_index) continue;
-          // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
-          total += std::log(norm(i)) - (z(i, t[i]) - z.row(i).maxCoeff());
-        }
+        for (std::int64_t i = 0; i < n; ++i)
+          if (t[i] != ignore_index) total += term[static_cast<std::size_t>(i)];
         BasicTensor<T> out_loss(Shape{});
         out_loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
         return std::make_tuple(out_loss, out_probs);
@@ -68,13 +81,21 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
                         const LongTensor tv = ctx.template saved<std::int64_t>(1);
                         const T scale = ctx.grad_output().data()[0] / static_cast<T>(counted);
                         BasicTensor<T> dz(pv.shape());
-                        auto g = detail::rows(dz, c);
-                        g = detail::rows(pv, c) * scale;
+                        const T* pp = pv.data();
+                        T* pg = dz.data();
                         const std::int64_t* t = tv.data();
-                        for (std::int64_t i = 0; i < tv.numel(); ++i) {
-                          if (t[i] == ignore_index) g.row(i).setZero();
-                          else g(i, t[i]) -= scale;
-                        }
+                        parallel_for(tv.numel(), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                                     [&](std::int64_t r0, std::int64_t r1) {
+                                       for (std::int64_t i = r0; i < r1; ++i) {
+                                         detail::ArrayMap<T> g(pg + i * c, c);
+                                         if (t[i] == ignore_index) {
+                                           g.setZero();
+                                           continue;
+                                         }
+                                         g = detail::ConstArrayMap<T>(pp + i * c, c) * scale;
+                                         g(t[i]) -= scale;
+                                       }
+                                     });
                         ctx.accumulate(0, std::move(dz));
                       });
   return loss;

@@ -13,6 +13,7 @@
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
 namespace op {
@@ -66,30 +67,46 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
         op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
         [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
           const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
-          auto mu = detail::flat(mv);
-          auto r = detail::flat(rv);
-          auto dy = detail::rows(ctx.grad_output(), c);
-          using Rows = Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-          const Rows xhat = (detail::rows(xv, c).colwise() - mu).colwise() * r;
+          const T* px = xv.data();
+          const T* pm = mv.data();
+          const T* pr = rv.data();
+          const T* pdy = ctx.grad_output().data();
+          const std::int64_t n = c ? xv.numel() / c : 0;
+          using Vec = detail::ConstArrayMap<T>;
+          // x̂ = (x - mean) · rstd, recomputed per row where it is needed (never stored whole).
+          auto xhat = [&](std::int64_t i) { return (Vec(px + i * c, c) - pm[i]) * pr[i]; };
           if (ctx.needs_grad(1)) {
             BasicTensor<T> dw(Shape{c});
-            detail::flat(dw) = (dy * xhat).colwise().sum().transpose();
+            detail::column_sums(n, c, dw.data(), [&](std::int64_t i, T* acc) {
+              detail::ArrayMap<T>(acc, c) += Vec(pdy + i * c, c) * xhat(i);
+            });
             ctx.accumulate(1, std::move(dw));
           }
           if (ctx.needs_grad(2)) {
             BasicTensor<T> db(Shape{c});
-            detail::flat(db) = dy.colwise().sum().transpose();
+            detail::column_sums(n, c, db.data(), [&](std::int64_t i, T* acc) {
+              detail::ArrayMap<T>(acc, c) += Vec(pdy + i * c, c);
+            });
             ctx.accumulate(2, std::move(db));
           }
           if (ctx.needs_grad(0)) {
-            Rows g = dy;
-            if (has_weight) g.rowwise() *= detail::flat(ctx.saved(3)).transpose();
+            // Per row: dx = ((g - mean(g)) - x̂ · mean(g · x̂)) · rstd, with g = dy · weight.
+            const BasicTensor<T> wv = has_weight ? ctx.saved(3) : BasicTensor<T>();
+            const T* pw = has_weight ? wv.data() : nullptr;
             const auto inv_c = T(1) / static_cast<T>(c);
             BasicTensor<T> dx(xv.shape());
-            detail::rows(dx, c) = ((g.colwise() - g.rowwise().sum() * inv_c) -
-                                   xhat.colwise() * ((g * xhat).rowwise().sum() * inv_c))
-                                      .colwise() *
-                                  r;
+            T* pdx = dx.data();
+            parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                         [&](std::int64_t r0, std::int64_t r1) {
+                           Eigen::Array<T, Eigen::Dynamic, 1> g(c), xh(c);
+                           for (std::int64_t i = r0; i < r1; ++i) {
+                             g = Vec(pdy + i * c, c);
+                             if (pw) g *= Vec(pw, c);
+                             xh = xhat(i);
+                             const T mean_g = g.sum() * inv_c, mean_gx = (g * xh).sum() * inv_c;
+                             detail::ArrayMap<T>(pdx + i * c, c) = ((g - mean_g) - xh * mean_gx) * pr[i];
+                           }
+                         });
             ctx.accumulate(0, std::move(dx));
           }
         });

@@ -1,7 +1,9 @@
 #pragma once
 // y = x Wᵀ + b, fused: one GEMM against W as stored (out, in), as torch.nn.functional.linear.
 
+#include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
 namespace op {
@@ -26,9 +28,9 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
   const double flops = 2.0 * static_cast<double>(x.numel() / std::max<std::int64_t>(in, 1)) * static_cast<double>(in * out);
   BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), flops, [&] {
     BasicTensor<T> result{Shape(s)};
-    auto ym = detail::matrix(result, out);
-    ym.noalias() = detail::matrix(x, in) * detail::matrix(weight, in).transpose();
-    if (bias.defined()) ym.rowwise() += detail::flat(bias).matrix().transpose();
+    const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
+    detail::gemm(false, true, rows, out, in, x.data(), in, weight.data(), in, result.data(), out);
+    if (bias.defined()) detail::matrix(result, out).rowwise() += detail::flat(bias).matrix().transpose();
     return result;
   });
   if (detail::grad_needed(x, weight, bias)) {
@@ -38,20 +40,24 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
     if (dw) saved.emplace_back(x);
     detail::record<T>(op::linear, {x, weight, bias}, {&y}, std::move(saved),
                       [dx, dw, in, out, xs = x.shape()](detail::BackwardContext<T>& ctx) {
-                        auto dy = detail::matrix(ctx.grad_output(), out);
+                        const BasicTensor<T>& g = ctx.grad_output();
+                        const std::int64_t rows = xs.numel() / std::max<std::int64_t>(in, 1);
                         if (dx) {
                           BasicTensor<T> gx(xs);
-                          detail::matrix(gx, in).noalias() = dy * detail::matrix(ctx.saved(0), in);
+                          detail::gemm(false, false, rows, in, out, g.data(), out, ctx.saved(0).cdata(), in, gx.data(), in);
                           ctx.accumulate(0, std::move(gx));
                         }
                         if (dw) {
                           BasicTensor<T> gw(Shape{out, in});
-                          detail::matrix(gw, in).noalias() = dy.transpose() * detail::matrix(ctx.saved(dx ? 1 : 0), in);
+                          detail::gemm(true, false, out, in, rows, g.data(), out, ctx.saved(dx ? 1 : 0).cdata(), in, gw.data(), in);
                           ctx.accumulate(1, std::move(gw));
                         }
                         if (ctx.needs_grad(2)) {
                           BasicTensor<T> gb(Shape{out});
-                          detail::flat(gb) = dy.colwise().sum().transpose().array();
+                          const T* pdy = g.data();
+                          detail::column_sums(rows, out, gb.data(), [&](std::int64_t i, T* acc) {
+                            detail::ArrayMap<T>(acc, out) += detail::ConstArrayMap<T>(pdy + i * out, out);
+                          });
                           ctx.accumulate(2, std::move(gb));
                         }
                       });

@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 
@@ -44,8 +45,6 @@ inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
 /// Saves: B if A needs a gradient, A if B does.
 template <class T>
 BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  using detail::ConstMatrixMap;
-  using detail::MatrixMap;
   REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
               a.shape(), b.shape());
   const std::int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
@@ -69,14 +68,14 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, [&] {
     BasicTensor<T> out(out_shape);
     if (fold) {
-      detail::matrix(out, N).noalias() = detail::matrix(a, K) * ConstMatrixMap<T>(b.data(), K, N);
+      detail::gemm(false, false, N ? out.numel() / N : 0, N, K, a.data(), K, b.data(), N, out.data(), N);
     } else {
       const T* pa = a.data();
       const T* pb = b.data();
       T* pc = out.data();
       for (std::size_t i = 0; i < batches.a_offset.size(); ++i)
-        MatrixMap<T>(pc + static_cast<std::int64_t>(i) * M * N, M, N).noalias() =
-            ConstMatrixMap<T>(pa + batches.a_offset[i], M, K) * ConstMatrixMap<T>(pb + batches.b_offset[i], K, N);
+        detail::gemm(false, false, M, N, K, pa + batches.a_offset[i], K, pb + batches.b_offset[i], N,
+                     pc + static_cast<std::int64_t>(i) * M * N, N);
     }
     return out;
   });
@@ -94,12 +93,12 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
           if (fold) {
             if (da) {
               BasicTensor<T> ga(sa);
-              detail::matrix(ga, K).noalias() = detail::matrix(dc, N) * ConstMatrixMap<T>(bv.data(), K, N).transpose();
+              detail::gemm(false, true, ga.numel() / K, K, N, dc.data(), N, bv.data(), N, ga.data(), K);
               ctx.accumulate(0, std::move(ga));
             }
             if (db) {
               BasicTensor<T> gb(sb);
-              detail::matrix(gb, N).noalias() = detail::matrix(av, K).transpose() * detail::matrix(dc, N);
+              detail::gemm(true, false, K, N, av.numel() / K, av.data(), K, dc.data(), N, gb.data(), N);
               ctx.accumulate(1, std::move(gb));
             }
             return;
@@ -115,13 +114,13 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
           }
           const T* pdc = dc.data();
           for (std::size_t i = 0; i < batches.a_offset.size(); ++i) {
-            ConstMatrixMap<T> dci(pdc + static_cast<std::int64_t>(i) * M * N, M, N);
+            const T* dci = pdc + static_cast<std::int64_t>(i) * M * N;
             if (da)
-              MatrixMap<T>(ga.data() + batches.a_offset[i], M, K).noalias() +=
-                  dci * ConstMatrixMap<T>(bv.data() + batches.b_offset[i], K, N).transpose();
+              detail::gemm(false, true, M, K, N, dci, N, bv.data() + batches.b_offset[i], N,
+                           ga.data() + batches.a_offset[i], K, /*accumulate=*/true);
             if (db)
-              MatrixMap<T>(gb.data() + batches.b_offset[i], K, N).noalias() +=
-                  ConstMatrixMap<T>(av.data() + batches.a_offset[i], M, K).transpose() * dci;
+              detail::gemm(true, false, K, N, M, av.data() + batches.a_offset[i], K, dci, N,
+                           gb.data() + batches.b_offset[i], N, /*accumulate=*/true);
           }
           if (da) ctx.accumulate(0, std::move(ga));
           if (db) ctx.accumulate(1, std::move(gb));

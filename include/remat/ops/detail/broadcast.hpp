@@ -7,6 +7,7 @@
 
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/reduce.hpp"
 
 namespace remat::detail {
 
@@ -112,7 +113,11 @@ BasicTensor<T> sum_to(const BasicTensor<T>& g, const Shape& shape) {
   if (shape.numel() == 1) {
     out.data()[0] = flat(g).sum();
   } else if (is_trailing(shape, g.shape())) {
-    flat(out) = rows(g, shape.numel()).colwise().sum().transpose();
+    const std::int64_t cols = shape.numel();
+    const T* pg = g.data();
+    column_sums(g.numel() / cols, cols, out.data(), [&](std::int64_t i, T* acc) {
+      ArrayMap<T>(acc, cols) += ConstArrayMap<T>(pg + i * cols, cols);
+    });
   } else {
     flat(out).setZero();
     const auto n = padded_sizes(g.shape());

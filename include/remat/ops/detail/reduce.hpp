@@ -1,12 +1,44 @@
 #pragma once
 // Dim reductions view a tensor as (outer, n, inner): reducing dim d sums/maxes over n.
 
+#include <vector>
+
 #include "remat/core/tensor.hpp"
+#include "remat/core/threads.hpp"
 
 namespace remat::detail {
 
 inline Shape reduced_shape(const Shape& s, int dim, bool keepdim) {
   return keepdim ? s.with(dim, 1) : s.without(dim);
+}
+
+/// Rows per block of column_sums: fixed, so its sums do not depend on the thread count.
+inline constexpr std::int64_t kColumnSumRows = 64;
+
+/// out[j] = Σ_i row_i[j] over `rows` rows of `cols` values, on all threads and the same bits on
+/// any thread count: rows are summed in order within fixed blocks of kColumnSumRows, and the block
+/// sums added in block order. `add_row(i, acc)` adds row i into acc (cols values, zeroed first).
+/// Bias, norm-weight and broadcast gradients are such sums; run serially they were the serial part
+/// of a training step's backward.
+template <class T, class AddRow>
+void column_sums(std::int64_t rows, std::int64_t cols, T* out, AddRow add_row) {
+  const std::int64_t blocks = (rows + kColumnSumRows - 1) / kColumnSumRows;
+  auto sum_block = [&](std::int64_t b, T* acc) {
+    ArrayMap<T>(acc, cols).setZero();
+    for (std::int64_t i = b * kColumnSumRows; i < std::min(rows, (b + 1) * kColumnSumRows); ++i) add_row(i, acc);
+  };
+  if (blocks <= 1) {
+    sum_block(0, out);
+    return;
+  }
+  std::vector<T> partial(static_cast<std::size_t>(blocks * cols));
+  const std::int64_t grain = std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(1, kColumnSumRows * cols));
+  parallel_for(blocks, grain, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) sum_block(b, partial.data() + b * cols);
+  });
+  ArrayMap<T> total(out, cols);
+  total = ConstArrayMap<T>(partial.data(), cols);
+  for (std::int64_t b = 1; b < blocks; ++b) total += ConstArrayMap<T>(partial.data() + b * cols, cols);
 }
 
 /// out[o, i] = Σ_k x[o, k, i] * scale.
