@@ -3,6 +3,8 @@
 //   gpt_step --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
 //            --mode none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB --steps 5 --warmup 1
 //            --early-stop 1|0 (replays stop at the last output backward reads, or replay every op)
+//            --attention fused|explicit (one fused op, or matmul, mask, softmax, dropout, matmul as
+//            the PyTorch peer computes it)
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -14,7 +16,8 @@ int main(int argc, char** argv) try {
   using namespace remat;
   std::map<std::string, std::string> a{{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                        {"batch", "8"},  {"vocab", "256"}, {"mode", "none"}, {"steps", "5"},
-                                       {"warmup", "1"}, {"dropout", "0.1"}, {"early-stop", "1"}};
+                                       {"warmup", "1"}, {"dropout", "0.1"}, {"early-stop", "1"},
+                                       {"attention", "fused"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = std::string(argv[i]).substr(2);
     REMAT_CHECK(a.count(k), "gpt_step: unknown flag --{}", k);
@@ -30,6 +33,9 @@ int main(int argc, char** argv) try {
   const std::int64_t B = std::stoll(a["batch"]);
   Generator gen(0);
   nn::GPT model(cfg, gen);
+  REMAT_CHECK(a["attention"] == "fused" || a["attention"] == "explicit",
+              "gpt_step: --attention is fused or explicit, got {}", a["attention"]);
+  for (auto& block : model.h) block->attn.fused = a["attention"] == "fused";
   const std::string mode = a["mode"];
   apply_checkpointing(model, policy::parse(mode));
   const CheckpointEarlyStop early_stop(a["early-stop"] != "0");
@@ -54,8 +60,8 @@ int main(int argc, char** argv) try {
   }
   const auto skipped = early_stop_stats();
   const double per_step = 1.0 / (warmup + steps);
-  fmt::print("{{\"impl\": \"remat\", \"mode\": \"{}\", \"ms\": [{:.3f}], \"saved_peak\": {}, \"threads\": {}, "
-             "\"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}}}\n", mode, fmt::join(ms, ", "), peak_saved,
+  fmt::print("{{\"impl\": \"remat\", \"attention\": \"{}\", \"mode\": \"{}\", \"ms\": [{:.3f}], \"saved_peak\": {}, \"threads\": {}, "
+             "\"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}}}\n", a["attention"], mode, fmt::join(ms, ", "), peak_saved,
              get_num_threads(), static_cast<double>(skipped.ops - skipped_before.ops) * per_step,
              (skipped.flops - skipped_before.flops) * per_step / 1e9);
   return 0;

@@ -36,7 +36,7 @@ inline int get_num_threads() { return Eigen::nbThreads(); }
 /// grains); serially otherwise. Only for work whose pieces are independent (element-wise ops,
 /// per-row ops), so results are the same bits on any thread count.
 template <class F>
-void parallel_for(std::int64_t n, std::int64_t grain, F f) {
+void parallel_for(std::int64_t n, [[maybe_unused]] std::int64_t grain, F f) {
 #ifdef _OPENMP
   const int threads = static_cast<int>(std::min<std::int64_t>(Eigen::nbThreads(), n / std::max<std::int64_t>(grain, 1)));
   if (threads > 1 && !omp_in_parallel()) {

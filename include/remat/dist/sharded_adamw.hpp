@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "remat/dist/context.hpp"
@@ -34,16 +33,13 @@ class ShardedAdamW : public optim::Optimizer {
     optim::AdamW check(std::vector<Tensor*>{}, opt);
     (void)check;
     group_of_.assign(ddp.parameters().size(), -1);
-    std::unordered_map<const Tensor*, std::size_t> position;
-    for (std::size_t i = 0; i < ddp.parameters().size(); ++i) position[ddp.parameters()[i]] = i;
     for (std::size_t g = 0; g < groups_.size(); ++g)
       for (Tensor* p : groups_[g].params) {
-        auto it = position.find(p);
-        REMAT_CHECK(it != position.end(), "ShardedAdamW: a parameter of shape {} in group {} is not one of the "
-                    "DataParallel's parameters", p->shape(), g);
-        REMAT_CHECK(group_of_[it->second] < 0, "ShardedAdamW: parameter '{}' is in two groups",
-                    ddp.names()[it->second]);
-        group_of_[it->second] = static_cast<int>(g);
+        const std::size_t i = position_of(p);
+        // A tied weight may be listed twice (two names, one tensor): once per group is fine.
+        REMAT_CHECK(group_of_[i] < 0 || group_of_[i] == static_cast<int>(g), "ShardedAdamW: parameter '{}' is in "
+                    "two groups", ddp.names()[i]);
+        group_of_[i] = static_cast<int>(g);
       }
   }
 
@@ -90,6 +86,16 @@ class ShardedAdamW : public optim::Optimizer {
   }
 
  private:
+  // The DataParallel's index of `p`, matched by autograd identity (a tied weight has two Tensor
+  // objects and one identity).
+  std::size_t position_of(const Tensor* p) const {
+    const std::vector<Tensor*>& params = ddp_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i]->meta() == p->meta()) return i;
+    throw Error(fmt::format("ShardedAdamW: a parameter of shape {} is not one of the DataParallel's parameters",
+                            p->shape()));
+  }
+
   // Calls f(entry, from, to) for each parameter's part of the bucket range [lo, hi).
   template <class F>
   static void for_each_piece(const Bucket& b, std::int64_t lo, std::int64_t hi, F&& f) {
@@ -127,18 +133,15 @@ class ShardedAdamW : public optim::Optimizer {
     std::vector<std::pair<std::size_t, std::size_t>> key_of(ddp_.parameters().size(), {0, 0});
     std::vector<bool> in_groups(ddp_.parameters().size(), false);
     for_each_param([&](std::size_t g, std::size_t i, const Tensor* p) {
-      for (std::size_t k = 0; k < ddp_.parameters().size(); ++k)
-        if (ddp_.parameters()[k] == p) {
-          key_of[k] = {g, i};
-          in_groups[k] = true;
-        }
+      const std::size_t k = position_of(p);
+      if (in_groups[k]) return;  // a tied weight's second name: saved once
+      key_of[k] = {g, i};
+      in_groups[k] = true;
     });
-    const int rank = ddp_.context().rank();
     for (std::size_t bi = 0; bi < ddp_.buckets().size(); ++bi) {
       const Bucket& b = ddp_.buckets()[bi];
       const Tensor m = all_gather(ddp_.context(), shard_tensor(m_[bi]), Shape{b.numel});
       const Tensor v = all_gather(ddp_.context(), shard_tensor(v_[bi]), Shape{b.numel});
-      (void)rank;
       for (const Bucket::Entry& e : b.entries) {
         if (!in_groups[e.param]) continue;
         const auto [g, i] = key_of[e.param];
@@ -160,9 +163,7 @@ class ShardedAdamW : public optim::Optimizer {
     loaded_.clear();
     for (const auto& [k, t] : s.tensors) {
       const auto [p, buffer] = parameter_of(k);
-      std::size_t index = 0;
-      while (ddp_.parameters()[index] != p) ++index;
-      auto& slot = loaded_[index];
+      auto& slot = loaded_[position_of(p)];
       (buffer == "exp_avg" ? slot.first : slot.second) = t.to_vector();
     }
     for (auto& [index, mv] : loaded_) {
