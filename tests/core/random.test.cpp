@@ -11,6 +11,33 @@ TEST_CASE("philox: matches the Random123 known-answer vectors", "[core][random]"
         A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
 }
 
+TEST_CASE("philox: the lane-batched blocks and every sub-range of a draw match one block at a time",
+          "[core][random]") {
+  // Offsets either side of 2^32 carry into the counter's high word inside one batch of lanes.
+  for (const std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7}) {
+    const std::uint64_t seed = 0x123456789abcdefULL;
+    std::uint32_t words[4 * detail::kPhiloxLanes];
+    detail::philox_blocks(seed, offset, words);
+    for (int k = 0; k < detail::kPhiloxLanes; ++k) {
+      const auto one = detail::philox_block(seed, offset + static_cast<std::uint64_t>(k));
+      for (int w = 0; w < 4; ++w) CHECK(words[4 * k + w] == one[static_cast<std::size_t>(w)]);
+    }
+    const Generator::State state{seed, offset};
+    // Ranges with ragged starts and ends, shorter and longer than one batch of lanes.
+    for (const auto& [first, last] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+             {0, 3}, {1, 70}, {3, 200}, {64, 128}, {7, 7}, {5, 333}}) {
+      std::vector<std::uint64_t> seen;
+      detail::for_each_uniform24(state, first, last, [&](std::uint64_t i, float u) {
+        seen.push_back(i);
+        const auto block = detail::philox_block(seed, offset + i / 4);
+        CHECK(u == static_cast<float>(block[i % 4] >> 8) * 0x1.0p-24f);
+      });
+      REQUIRE(seen.size() == last - first);
+      for (std::size_t j = 0; j < seen.size(); ++j) CHECK(seen[j] == first + j);
+    }
+  }
+}
+
 TEST_CASE("generator: state is (seed, offset) and restoring it replays the numbers", "[core][random]") {
   Generator g(42);
   const Tensor a = rand({3, 5}, g);

@@ -40,7 +40,12 @@ void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_
                             Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& mask) {
   const auto first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
   T* m = mask.data();  // row-major (T, T): element i of the draw is entry i - first
-  for_each_uniform24(state, first, last, [&](std::uint64_t i, float u) { m[i - first] = u >= p ? keep_scale : T(0); });
+  // Copies, not references, in the loop: a store through `piece` could otherwise change them,
+  // and the loop would not vectorise.
+  for_each_uniform24_run(state, first, last, [m, first, p, keep_scale](std::uint64_t i, const float* u, std::uint64_t n) {
+    T* piece = m + (i - first);
+    for (std::uint64_t j = 0; j < n; ++j) piece[j] = u[j] >= p ? keep_scale : T(0);
+  });
 }
 
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved

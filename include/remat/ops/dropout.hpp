@@ -19,8 +19,18 @@ template <class T>
 void apply_dropout_mask(const T* in, T* out, std::int64_t n, float p, T scale, Generator::State state) {
   const auto blocks = static_cast<std::int64_t>(uniform24_blocks(static_cast<std::uint64_t>(n)));
   parallel_for(blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
-    for_each_uniform24(state, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
-                       [&](std::uint64_t i, float u) { out[i] = u >= p ? in[i] * scale : T(0); });
+    for_each_uniform24_run(state, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
+                           [in, out, p, scale](std::uint64_t i, const float* u, std::uint64_t m) {
+                             const T* x = in + i;
+                             T* y = out + i;
+                             // x[j] is read whether kept or not, and p and scale are copies: a
+                             // load under the condition, or through a reference a store to y
+                             // might change, keeps the compiler from vectorising the loop.
+                             for (std::uint64_t j = 0; j < m; ++j) {
+                               const T kept = x[j] * scale;
+                               y[j] = u[j] >= p ? kept : T(0);
+                             }
+                           });
   });
 }
 
