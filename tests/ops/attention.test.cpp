@@ -54,3 +54,64 @@ TEST_CASE("causal_attention: mismatched shapes and a bad probability throw", "[o
   REQUIRE_ERROR(causal_attention(zeros({1, 1, 4, 2}), zeros({1, 1, 4, 2}), zeros({1, 1, 4, 2}), 1.0), "causal_attention",
                 "dropout");
 }
+
+namespace {
+// The copies causal_self_attention avoids: split the packed projection, view the heads as
+// (B, H, T, D), attend, merge the heads back.
+template <class T>
+BasicTensor<T> split_heads_attention(const BasicTensor<T>& qkv, std::int64_t H, double p, Generator& g) {
+  const std::int64_t B = qkv.size(0), t = qkv.size(1), C = qkv.size(2) / 3, D = C / H;
+  const auto parts = split(qkv, C, -1);
+  auto heads = [&](const BasicTensor<T>& x) { return permute(reshape(x, {B, t, H, D}), {0, 2, 1, 3}); };
+  const BasicTensor<T> y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), p, true, g);
+  return reshape(permute(y, {0, 2, 1, 3}), {B, t, C});
+}
+}  // namespace
+
+TEST_CASE("causal_self_attention: bitwise the split-heads path, forward and backward, dropout included",
+          "[ops][attention]") {
+  for (double p : {0.0, 0.2}) {
+    Tensor a = randn({2, 9, 3 * 12}).requires_grad_();  // B 2, T 9, C 12, 3 heads of 4
+    Tensor b = a.detach().requires_grad_();
+    const Tensor w = randn({2, 9, 12});
+    Generator g1(5), g2(5);
+    const Tensor packed = causal_self_attention(a, 3, p, true, g1);
+    const Tensor reference = split_heads_attention(b, 3, p, g2);
+    CHECK(test::values(packed) == test::values(reference));
+    CHECK(g1.state() == g2.state());
+    sum(packed * w).backward();
+    sum(reference * w).backward();
+    CHECK(test::values(a.grad()) == test::values(b.grad()));
+  }
+}
+
+TEST_CASE("causal_self_attention: backward matches finite differences", "[ops][attention]") {
+  for (double p : {0.0, 0.25}) {
+    test::require_gradcheck(
+        [p](test::Inputs x) {
+          Generator g(3);
+          return causal_self_attention(x[0], 2, p, true, g);
+        },
+        {randn<double>({2, 5, 3 * 6})});
+  }
+}
+
+TEST_CASE("causal_self_attention: saves the projection itself and one statistic a row", "[ops][attention]") {
+  test::FreshTape fresh;
+  Tensor x = randn({2, 16, 8}).requires_grad_();
+  Tensor w = randn({24, 8}).requires_grad_();
+  const std::size_t base = memory_stats().saved_bytes;
+  Tensor qkv = linear(x, w);  // the projection's output: saved by the attention without a copy
+  const std::size_t before = memory_stats().saved_bytes;
+  Tensor y = causal_self_attention(qkv, 2, 0.1);
+  CHECK(memory_stats().saved_bytes - before == qkv.nbytes() + 2 * 2 * 16 * sizeof(float));
+  sum(y).backward();
+  CHECK(memory_stats().saved_bytes == base);
+}
+
+TEST_CASE("causal_self_attention: a width that does not split into 3 × heads, and a bad probability, throw",
+          "[ops][attention]") {
+  REQUIRE_ERROR(causal_self_attention(zeros({1, 4, 10}), 2), "causal_self_attention", "(1, 4, 10)", "n_head 2");
+  REQUIRE_ERROR(causal_self_attention(zeros({4, 12}), 2), "causal_self_attention", "(4, 12)");
+  REQUIRE_ERROR(causal_self_attention(zeros({1, 4, 12}), 2, 1.0), "causal_self_attention", "dropout");
+}

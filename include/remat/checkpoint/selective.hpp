@@ -54,7 +54,9 @@ inline SavePolicy matmuls() { return ops(std::vector<OpId>{op::matmul, op::linea
 
 /// Keep what production policies keep most: the matrix products and the fused attention (whose
 /// output and log-sum-exp are a small fraction of its cost to recompute).
-inline SavePolicy matmuls_and_attention() { return ops(std::vector<OpId>{op::matmul, op::linear, op::causal_attention}); }
+inline SavePolicy matmuls_and_attention() {
+  return ops(std::vector<OpId>{op::matmul, op::linear, op::causal_attention, op::causal_self_attention});
+}
 
 }  // namespace save_policy
 

@@ -12,6 +12,7 @@
 #include "remat/ops/softmax.hpp"
 #include "remat/ops/attention.hpp"
 #include "remat/ops/cat.hpp"
+#include "remat/ops/dropout_add.hpp"
 
 namespace remat::nn {
 
@@ -31,32 +32,40 @@ class CausalSelfAttention : public UnaryModule {
     register_module("resid_dropout", resid_dropout);
   }
 
-  Tensor forward(const Tensor& x) override {  // x (B, T, C)
-    REMAT_CHECK(x.dim() == 3 && x.size(2) == n_embd,
-                "nn::CausalSelfAttention: expected input (B, T, {}), got {}", n_embd, x.shape());
-    const std::int64_t B = x.size(0), T = x.size(1), C = n_embd, H = n_head, D = C / H;
-    const auto qkv = split(c_attn(x), C, -1);  // 3 × (B, T, C)
-    auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // (B, H, T, D)
-    const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-    Tensor out;  // (B, H, T, D)
-    if (fused) {
-      out = causal_attention(q, k, v, attn_dropout.p, attn_dropout.is_training());
-    } else {
-      Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
-      att = masked_fill(att, causal_mask(T), -std::numeric_limits<float>::infinity());
-      out = matmul(attn_dropout(softmax(att)), v);
-    }
-    const Tensor y = reshape(permute(out, {0, 2, 1, 3}), {B, T, C});  // (B, T, C)
-    return resid_dropout(c_proj(y));
+  Tensor forward(const Tensor& x) override { return resid_dropout(project(x)); }  // x (B, T, C)
+
+  /// residual + forward(x), with the dropout and the add in one pass (dropout_add): what a
+  /// Transformer block computes, bitwise.
+  Tensor forward_residual(const Tensor& x, const Tensor& residual) {
+    return dropout_add(project(x), residual, resid_dropout.p, resid_dropout.is_training());
   }
 
   std::int64_t n_embd, n_head;
-  /// One fused attention op (saves q, k, v and row statistics, never the (T, T) probabilities);
-  /// false runs the explicit ops (matmul, masked_fill, softmax, dropout, matmul), which selective
+  /// One fused attention op on the packed projection (causal_self_attention: saves the projection
+  /// and row statistics, never the (T, T) probabilities, and copies no heads); false runs the
+  /// explicit ops (split, permute, matmul, masked_fill, softmax, dropout, matmul), which selective
   /// checkpointing can keep individually. Both draw the same dropout masks.
   bool fused = true;
   Linear c_attn, c_proj;
   Dropout attn_dropout, resid_dropout;
+
+ private:
+  /// c_proj(attention(x)): everything but the residual dropout.
+  Tensor project(const Tensor& x) {
+    REMAT_CHECK(x.dim() == 3 && x.size(2) == n_embd,
+                "nn::CausalSelfAttention: expected input (B, T, {}), got {}", n_embd, x.shape());
+    const std::int64_t B = x.size(0), T = x.size(1), C = n_embd, H = n_head, D = C / H;
+    const Tensor packed = c_attn(x);  // (B, T, 3C): q | k | v
+    // Fused, the heads are read from the packed projection in place and written out merged.
+    if (fused) return c_proj(causal_self_attention(packed, H, attn_dropout.p, attn_dropout.is_training()));
+    const auto qkv = split(packed, C, -1);  // 3 × (B, T, C)
+    auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // (B, H, T, D)
+    const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+    att = masked_fill(att, causal_mask(T), -std::numeric_limits<float>::infinity());
+    const Tensor out = matmul(attn_dropout(softmax(att)), v);  // (B, H, T, D)
+    return c_proj(reshape(permute(out, {0, 2, 1, 3}), {B, T, C}));
+  }
 };
 
 }  // namespace remat::nn

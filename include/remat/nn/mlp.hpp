@@ -1,6 +1,8 @@
 #pragma once
 #include "remat/nn/dropout.hpp"
 #include "remat/nn/linear.hpp"
+#include "remat/ops/bias_gelu.hpp"
+#include "remat/ops/dropout_add.hpp"
 #include "remat/ops/gelu.hpp"
 
 namespace remat::nn {
@@ -16,11 +18,24 @@ class MLP : public UnaryModule {
     register_module("c_proj", c_proj);
     register_module("dropout", drop);
   }
-  Tensor forward(const Tensor& x) override { return drop(c_proj(gelu(c_fc(x), approximate))); }
+  Tensor forward(const Tensor& x) override { return drop(c_proj(hidden(x))); }
+
+  /// residual + forward(x), with the dropout and the add in one pass (dropout_add): what a
+  /// Transformer block computes, bitwise.
+  Tensor forward_residual(const Tensor& x, const Tensor& residual) {
+    return dropout_add(c_proj(hidden(x)), residual, drop.p, drop.is_training());
+  }
 
   Linear c_fc, c_proj;
   Dropout drop;
   GeluApproximation approximate;
+
+ private:
+  /// gelu(c_fc(x)): the GEMM alone, then the bias and the activation in one pass (bias_gelu).
+  Tensor hidden(const Tensor& x) {
+    if (!c_fc.bias.defined()) return gelu(c_fc(x), approximate);
+    return bias_gelu(linear(x, c_fc.weight), c_fc.bias, approximate);
+  }
 };
 
 }  // namespace remat::nn

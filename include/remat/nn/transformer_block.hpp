@@ -19,8 +19,8 @@ class TransformerBlock : public UnaryModule {
     register_module("mlp", mlp);
   }
   Tensor forward(const Tensor& x) override {
-    const Tensor h = x + attn(ln_1(x));
-    return h + mlp(ln_2(h));
+    const Tensor h = attn.forward_residual(ln_1(x), x);  // x + attn(ln_1(x))
+    return mlp.forward_residual(ln_2(h), h);            // h + mlp(ln_2(h))
   }
 
   LayerNorm ln_1;

@@ -16,6 +16,11 @@
 // away from the saved Q and K, so the (T, T) matrix P never has to be kept — B·H·T floats instead
 // of B·H·T². M is regenerated from the generator state at entry by the element rule of
 // core/random.hpp, drawing exactly what dropout() on the (B, H, T, T) probabilities would draw.
+//
+// Two layouts share one kernel: q, k, v as (B, H, T, D) tensors (causal_attention), and the packed
+// (B, T, 3C) output of a Transformer's qkv projection read in place, heads taken by stride, with
+// the result written straight into (B, T, C) (causal_self_attention): no head split, no permute
+// copies either way.
 
 #include <array>
 #include <cmath>
@@ -28,16 +33,46 @@
 namespace remat {
 namespace op {
 inline const OpId causal_attention = register_op("causal_attention");
+inline const OpId causal_self_attention = register_op("causal_self_attention");
 }  // namespace op
 
 namespace detail {
+
+template <class T>
+using RowMajorMatrix = Eigen::Matrix<T, -1, -1, Eigen::RowMajor>;
+/// A (rows, cols) row-major block at `p` whose rows are `ld` elements apart: one head's rows inside
+/// a wider tensor.
+template <class T>
+using ConstStridedMap = Eigen::Map<const RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using StridedMap = Eigen::Map<RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
+
+/// Where each (batch, head)'s rows live: q, k, v (and their gradients) at in_offset(bh) from their
+/// base pointers, rows ld_in apart; y and dy at out_offset(bh), rows ld_out apart.
+struct AttentionLayout {
+  std::int64_t batch, heads, t, d;
+  std::int64_t ld_in, in_head_stride, in_batch_stride;     // q, k, v and their gradients
+  std::int64_t ld_out, out_head_stride, out_batch_stride;  // y and dy
+  std::int64_t in_offset(std::int64_t bh) const { return (bh / heads) * in_batch_stride + (bh % heads) * in_head_stride; }
+  std::int64_t out_offset(std::int64_t bh) const { return (bh / heads) * out_batch_stride + (bh % heads) * out_head_stride; }
+
+  /// q, k, v and y as (B, H, T, D) tensors.
+  static AttentionLayout separate(std::int64_t B, std::int64_t H, std::int64_t t, std::int64_t d) {
+    return {B, H, t, d, d, t * d, H * t * d, d, t * d, H * t * d};
+  }
+  /// q | k | v side by side in (B, T, 3C) rows, y in (B, T, C) rows, C = H·D.
+  static AttentionLayout packed(std::int64_t B, std::int64_t H, std::int64_t t, std::int64_t d) {
+    const std::int64_t C = H * d;
+    return {B, H, t, d, 3 * C, d, t * 3 * C, C, d, t * C};
+  }
+};
 
 /// The dropout multipliers of one (batch, head)'s (T, T) probabilities — keep/(1-p) or 0 — drawn
 /// exactly as dropout() on the flattened (B, H, T, T) tensor would draw them from `state`: the
 /// elements [bh·T², (bh+1)·T²) of that draw, by the generator's element rule.
 template <class T>
 void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_t t, float p, T keep_scale,
-                            Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& mask) {
+                            RowMajorMatrix<T>& mask) {
   const auto first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
   T* m = mask.data();  // row-major (T, T): element i of the draw is entry i - first
   // Copies, not references, in the loop: a store through `piece` could otherwise change them,
@@ -51,9 +86,10 @@ void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
 /// log-sum-exp when `lse_in` is given, else computing it into `lse_out`.
 template <class T>
-void attention_probs(const T* q, const T* k, std::int64_t t, std::int64_t d, T scale, Eigen::Matrix<T, -1, -1, Eigen::RowMajor>& p,
-                     const T* lse_in, T* lse_out) {
-  p.noalias() = ConstMatrixMap<T>(q, t, d) * ConstMatrixMap<T>(k, t, d).transpose();
+void attention_probs(const T* q, const T* k, std::int64_t ld, std::int64_t t, std::int64_t d, T scale,
+                     RowMajorMatrix<T>& p, const T* lse_in, T* lse_out) {
+  p.noalias() = ConstStridedMap<T>(q, t, d, Eigen::OuterStride<>(ld)) *
+                ConstStridedMap<T>(k, t, d, Eigen::OuterStride<>(ld)).transpose();
   for (std::int64_t i = 0; i < t; ++i) {
     auto row = p.row(i).array();
     row.head(i + 1) *= scale;
@@ -70,6 +106,74 @@ void attention_probs(const T* q, const T* k, std::int64_t t, std::int64_t d, T s
   }
 }
 
+/// Forward of every (batch, head): y and the log-sum-exp per query row (B·H·T of them).
+template <class T>
+void attention_forward(const AttentionLayout& L, const T* q, const T* k, const T* v, T* y, T* lse, T scale, float p,
+                       T keep_scale, Generator::State rng) {
+  const std::int64_t t = L.t, d = L.d;
+  parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
+    RowMajorMatrix<T> probs(t, t), mask;
+    if (p > 0) mask.resize(t, t);
+    for (std::int64_t bh = b0; bh < b1; ++bh) {
+      const std::int64_t in = L.in_offset(bh);
+      attention_probs(q + in, k + in, L.ld_in, t, d, scale, probs, static_cast<const T*>(nullptr), lse + bh * t);
+      if (p > 0) {
+        attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+        probs.array() *= mask.array();
+      }
+      StridedMap<T>(y + L.out_offset(bh), t, d, Eigen::OuterStride<>(L.ld_out)).noalias() =
+          probs * ConstStridedMap<T>(v + in, t, d, Eigen::OuterStride<>(L.ld_in));
+    }
+  });
+}
+
+/// Backward of every (batch, head) from dy: dq, dk, dv laid out as q, k, v.
+template <class T>
+void attention_backward(const AttentionLayout& L, const T* q, const T* k, const T* v, const T* lse, const T* dy, T* dq,
+                        T* dk, T* dv, T scale, float p, T keep_scale, Generator::State rng) {
+  const std::int64_t t = L.t, d = L.d;
+  const Eigen::OuterStride<> in_stride(L.ld_in), out_stride(L.ld_out);
+  parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
+    RowMajorMatrix<T> probs(t, t), dp(t, t), mask;
+    if (p > 0) mask.resize(t, t);
+    for (std::int64_t bh = b0; bh < b1; ++bh) {
+      const std::int64_t in = L.in_offset(bh);
+      attention_probs(q + in, k + in, L.ld_in, t, d, scale, probs, lse + bh * t, static_cast<T*>(nullptr));
+      const ConstStridedMap<T> dY(dy + L.out_offset(bh), t, d, out_stride), Q(q + in, t, d, in_stride),
+          K(k + in, t, d, in_stride), V(v + in, t, d, in_stride);
+      StridedMap<T> dV(dv + in, t, d, in_stride);
+      dp.noalias() = dY * V.transpose();
+      if (p > 0) {
+        attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+        dp.array() *= mask.array();  // dP = M ⊙ (dY Vᵀ); above the diagonal P is 0 anyway
+        dV.noalias() = (mask.array() * probs.array()).matrix().transpose() * dY;
+      } else {
+        dV.noalias() = probs.transpose() * dY;
+      }
+      const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
+      dp.array() = probs.array() * (dp.array().colwise() - rowdot);
+      dp *= scale;
+      StridedMap<T>(dq + in, t, d, in_stride).noalias() = dp * K;
+      StridedMap<T>(dk + in, t, d, in_stride).noalias() = dp.transpose() * Q;
+    }
+  });
+}
+
+/// The dropout numbers of an attention call: the probability in force, the keep multiplier, and the
+/// generator state its draw starts at (the generator is moved past the B·H·T² elements it covers).
+template <class T>
+struct AttentionDropout {
+  float p;
+  T keep_scale;
+  Generator::State rng;
+  AttentionDropout(double dropout_p, bool training, std::int64_t elements, Generator& gen)
+      : p(training ? static_cast<float>(dropout_p) : 0.0f),
+        keep_scale(p > 0 ? static_cast<T>(1.0 / (1.0 - dropout_p)) : T(1)),  // as dropout() computes it
+        rng(gen.state()) {
+    if (p > 0) gen.set_state({rng.seed, rng.offset + uniform24_blocks(static_cast<std::uint64_t>(elements))});
+  }
+};
+
 }  // namespace detail
 
 /// y = dropout(softmax(mask(q kᵀ / √D))) v for q, k, v of shape (B, H, T, D), causal mask, dropout
@@ -85,66 +189,67 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention: dropout must be in [0, 1), got {}", dropout_p);
   const std::int64_t B = q.size(0), H = q.size(1), t = q.size(2), d = q.size(3);
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const float p = training ? static_cast<float>(dropout_p) : 0.0f;
-  const T keep_scale = p > 0 ? static_cast<T>(1.0 / (1.0 - dropout_p)) : T(1);  // as dropout() computes it
-  const Generator::State rng = gen.state();
-  if (p > 0) gen.set_state({rng.seed, rng.offset + detail::uniform24_blocks(static_cast<std::uint64_t>(B * H * t * t))});
+  const detail::AttentionDropout<T> drop(dropout_p, training, B * H * t * t, gen);
+  const auto layout = detail::AttentionLayout::separate(B, H, t, d);
 
   // The log-sum-exp per row is an output too: whoever keeps y keeps what its backward needs.
   const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
   auto [y, lse] = detail::produce_all<T, T>(op::causal_attention, {q.shape(), Shape{B, H, t}}, flops, [&] {
     BasicTensor<T> out_y(q.shape()), out_lse(Shape{B, H, t});
-    const T* pq = q.data();
-    const T* pk = k.data();
-    const T* pv = v.data();
-    T* py = out_y.data();
-    T* pl = out_lse.data();
-    parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
-      Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), mask;
-      if (p > 0) mask.resize(t, t);
-      for (std::int64_t bh = b0; bh < b1; ++bh) {
-        const std::int64_t off = bh * t * d;
-        detail::attention_probs(pq + off, pk + off, t, d, scale, probs, static_cast<const T*>(nullptr), pl + bh * t);
-        if (p > 0) {
-          detail::attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
-          probs.array() *= mask.array();
-        }
-        detail::MatrixMap<T>(py + off, t, d).noalias() = probs * detail::ConstMatrixMap<T>(pv + off, t, d);
-      }
-    });
+    detail::attention_forward(layout, q.cdata(), k.cdata(), v.cdata(), out_y.data(), out_lse.data(), scale, drop.p,
+                              drop.keep_scale, drop.rng);
     return std::make_tuple(out_y, out_lse);
   });
 
   if (detail::grad_needed(q, k, v))
     detail::record<T>(op::causal_attention, {q, k, v}, {&y}, {q, k, v, lse}, [=](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T> qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2), ls = ctx.saved(3);
-      const T* dy = ctx.grad_output().data();
       BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());
-      parallel_for(B * H, 1, [&](std::int64_t b0, std::int64_t b1) {
-        Eigen::Matrix<T, -1, -1, Eigen::RowMajor> probs(t, t), dp(t, t), mask;
-        if (p > 0) mask.resize(t, t);
-        for (std::int64_t bh = b0; bh < b1; ++bh) {
-          const std::int64_t off = bh * t * d;
-          detail::attention_probs(qs.data() + off, ks.data() + off, t, d, scale, probs, ls.data() + bh * t, static_cast<T*>(nullptr));
-          detail::ConstMatrixMap<T> dY(dy + off, t, d), Q(qs.data() + off, t, d), K(ks.data() + off, t, d), V(vs.data() + off, t, d);
-          dp.noalias() = dY * V.transpose();
-          if (p > 0) {
-            detail::attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
-            dp.array() *= mask.array();  // dP = M ⊙ (dY Vᵀ); above the diagonal P is 0 anyway
-            detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = (mask.array() * probs.array()).matrix().transpose() * dY;
-          } else {
-            detail::MatrixMap<T>(dv.data() + off, t, d).noalias() = probs.transpose() * dY;
-          }
-          const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
-          dp.array() = probs.array() * (dp.array().colwise() - rowdot);
-          dp *= scale;
-          detail::MatrixMap<T>(dq.data() + off, t, d).noalias() = dp * K;
-          detail::MatrixMap<T>(dk.data() + off, t, d).noalias() = dp.transpose() * Q;
-        }
-      });
+      detail::attention_backward(layout, qs.cdata(), ks.cdata(), vs.cdata(), ls.cdata(), ctx.grad_output().cdata(),
+                                 dq.data(), dk.data(), dv.data(), scale, drop.p, drop.keep_scale, drop.rng);
       ctx.accumulate(0, std::move(dq));
       ctx.accumulate(1, std::move(dk));
       ctx.accumulate(2, std::move(dv));
+    });
+  return y;
+}
+
+/// causal_attention on a Transformer's packed projection: qkv (B, T, 3C) holds q | k | v along its
+/// last dim, head h of each at columns [h·D, (h+1)·D), D = C / n_head; returns (B, T, C) with the
+/// heads side by side. Bitwise what splitting qkv, viewing each part as (B, H, T, D), calling
+/// causal_attention and merging the heads back gives, without any of those copies.
+/// Saves: qkv (the projection's own output, no copy) and one log-sum-exp per query row (B, H, T).
+template <class T>
+BasicTensor<T> causal_self_attention(const BasicTensor<T>& qkv, std::int64_t n_head, double dropout_p = 0.0,
+                                     bool training = true, Generator& gen = default_generator()) {
+  REMAT_CHECK(qkv.dim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
+              "causal_self_attention: expected qkv (B, T, 3C) with C a multiple of n_head {}, got {}", n_head,
+              qkv.shape());
+  REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_self_attention: dropout must be in [0, 1), got {}",
+              dropout_p);
+  const std::int64_t B = qkv.size(0), t = qkv.size(1), C = qkv.size(2) / 3, H = n_head, d = C / H;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const detail::AttentionDropout<T> drop(dropout_p, training, B * H * t * t, gen);
+  const auto layout = detail::AttentionLayout::packed(B, H, t, d);
+
+  const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
+  auto [y, lse] = detail::produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, [&] {
+    BasicTensor<T> out_y(Shape{B, t, C}), out_lse(Shape{B, H, t});
+    const T* base = qkv.cdata();
+    detail::attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.p,
+                              drop.keep_scale, drop.rng);
+    return std::make_tuple(out_y, out_lse);
+  });
+
+  if (detail::grad_needed(qkv))
+    detail::record<T>(op::causal_self_attention, {qkv}, {&y}, {qkv, lse}, [=](detail::BackwardContext<T>& ctx) {
+      const BasicTensor<T> packed = ctx.saved(0), ls = ctx.saved(1);
+      BasicTensor<T> grad(packed.shape());  // every element is written: q, k, v of every head
+      const T* base = packed.cdata();
+      T* g = grad.data();
+      detail::attention_backward(layout, base, base + C, base + 2 * C, ls.cdata(), ctx.grad_output().cdata(), g,
+                                 g + C, g + 2 * C, scale, drop.p, drop.keep_scale, drop.rng);
+      ctx.accumulate(0, std::move(grad));
     });
   return y;
 }

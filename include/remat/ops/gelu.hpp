@@ -16,30 +16,52 @@ inline const OpId gelu = register_op("gelu");
 /// How gelu computes Φ(x): exactly with erf, or with GPT-2's tanh approximation.
 enum class GeluApproximation { none, tanh };
 
+namespace detail {
+
+/// GELU's formulas on Eigen arrays, shared by gelu and bias_gelu.
 /// Exact:  y = x Φ(x), Φ(x) = ½(1 + erf(x/√2)).  dx = dy (Φ(x) + x φ(x)), φ(x) = e^{-x²/2}/√(2π).
 /// Tanh:   y = ½ x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
 ///         dx = dy (½(1 + tanh u) + ½ x (1 - tanh² u) √(2/π)(1 + 3·0.044715 x²)).
+template <class T>
+struct Gelu {
+  static constexpr T kInvSqrt2 = T(0.70710678118654752440);
+  static constexpr T kInvSqrt2Pi = T(0.39894228040143267794);
+  static constexpr T kSqrt2OverPi = T(0.79788456080286535588);
+  static constexpr T kCubic = T(0.044715);
+
+  template <class A>
+  static auto exact(const A& a) {
+    return a * T(0.5) * (T(1) + (a * kInvSqrt2).erf());
+  }
+  template <class D, class A>
+  static auto exact_grad(const D& dy, const A& a) {
+    return dy * (T(0.5) * (T(1) + (a * kInvSqrt2).erf()) + a * kInvSqrt2Pi * (T(-0.5) * a.square()).exp());
+  }
+  template <class A>
+  static auto tanh(const A& a) {
+    return T(0.5) * a * (T(1) + (kSqrt2OverPi * (a + kCubic * a.cube())).tanh());
+  }
+  template <class D, class A>
+  static auto tanh_grad(const D& dy, const A& a) {
+    const auto t = (kSqrt2OverPi * (a + kCubic * a.cube())).tanh();
+    return dy * (T(0.5) * (T(1) + t) + T(0.5) * a * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * a.square()));
+  }
+};
+
+}  // namespace detail
+
+/// y = x Φ(x) (exact, with erf) or GPT-2's tanh approximation; formulas in detail::Gelu.
 /// Saves: x (the derivative is not a function of y).
 template <class T>
 BasicTensor<T> gelu(const BasicTensor<T>& x, GeluApproximation approximate = GeluApproximation::none) {
-  constexpr T kInvSqrt2 = T(0.70710678118654752440);
-  constexpr T kInvSqrt2Pi = T(0.39894228040143267794);
-  constexpr T kSqrt2OverPi = T(0.79788456080286535588);
-  constexpr T kCubic = T(0.044715);
+  using F = detail::Gelu<T>;
   if (approximate == GeluApproximation::tanh)
     return detail::unary_saving_input(
-        op::gelu_tanh, x,
-        [=](const auto& a) { return T(0.5) * a * (T(1) + (kSqrt2OverPi * (a + kCubic * a.cube())).tanh()); },
-        [=](const auto& dy, const auto& a) {
-          const auto t = (kSqrt2OverPi * (a + kCubic * a.cube())).tanh();
-          return dy * (T(0.5) * (T(1) + t) +
-                       T(0.5) * a * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * a.square()));
-        });
+        op::gelu_tanh, x, [](const auto& a) { return F::tanh(a); },
+        [](const auto& dy, const auto& a) { return F::tanh_grad(dy, a); });
   return detail::unary_saving_input(
-      op::gelu, x, [=](const auto& a) { return a * T(0.5) * (T(1) + (a * kInvSqrt2).erf()); },
-      [=](const auto& dy, const auto& a) {
-        return dy * (T(0.5) * (T(1) + (a * kInvSqrt2).erf()) + a * kInvSqrt2Pi * (T(-0.5) * a.square()).exp());
-      });
+      op::gelu, x, [](const auto& a) { return F::exact(a); },
+      [](const auto& dy, const auto& a) { return F::exact_grad(dy, a); });
 }
 
 /// PyTorch's spelling: gelu(x, "tanh") or gelu(x, "none").

@@ -45,17 +45,22 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
         T* py = out_y.data();
         T* pm = out_mean.data();
         T* pr = out_rstd.data();
+        // Row by row: the row is read from memory once, and its later passes hit the L1 cache.
+        const T* pw = weight.defined() ? weight.cdata() : nullptr;
+        const T* pb = bias.defined() ? bias.cdata() : nullptr;
         parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
-          const std::int64_t rows = r1 - r0;
-          detail::ConstRowArrayMap<T> in(px + r0 * c, rows, c);
-          detail::RowArrayMap<T> out(py + r0 * c, rows, c);
-          detail::ArrayMap<T> mu(pm + r0, rows), r(pr + r0, rows);
-          mu = in.rowwise().mean();
-          out = in.colwise() - mu;
-          r = ((out.square().rowwise().sum() / static_cast<T>(c)) + static_cast<T>(eps)).rsqrt();
-          out.colwise() *= r;
-          if (weight.defined()) out.rowwise() *= detail::flat(weight).transpose();
-          if (bias.defined()) out.rowwise() += detail::flat(bias).transpose();
+          for (std::int64_t i = r0; i < r1; ++i) {
+            const detail::ConstArrayMap<T> in(px + i * c, c);
+            detail::ArrayMap<T> out(py + i * c, c);
+            const T mu = in.mean();
+            const T r = T(1) / std::sqrt((in - mu).square().sum() / static_cast<T>(c) + static_cast<T>(eps));
+            pm[i] = mu;
+            pr[i] = r;
+            if (pw && pb) out = (in - mu) * r * detail::ConstArrayMap<T>(pw, c) + detail::ConstArrayMap<T>(pb, c);
+            else if (pw) out = (in - mu) * r * detail::ConstArrayMap<T>(pw, c);
+            else if (pb) out = (in - mu) * r + detail::ConstArrayMap<T>(pb, c);
+            else out = (in - mu) * r;
+          }
         });
         return std::make_tuple(out_y, out_mean, out_rstd);
       });
@@ -67,48 +72,57 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
         op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
         [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
           const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
-          const T* px = xv.data();
-          const T* pm = mv.data();
-          const T* pr = rv.data();
-          const T* pdy = ctx.grad_output().data();
+          const T* px = xv.cdata();
+          const T* pm = mv.cdata();
+          const T* pr = rv.cdata();
+          const T* pdy = ctx.grad_output().cdata();
+          const BasicTensor<T> wv = has_weight ? ctx.saved(3) : BasicTensor<T>();
+          const T* pw = has_weight ? wv.cdata() : nullptr;
           const std::int64_t n = c ? xv.numel() / c : 0;
+          const bool need_dx = ctx.needs_grad(0), need_dw = ctx.needs_grad(1), need_db = ctx.needs_grad(2);
+          const auto inv_c = T(1) / static_cast<T>(c);
+          BasicTensor<T> dx = need_dx ? BasicTensor<T>(xv.shape()) : BasicTensor<T>();
+          T* pdx = need_dx ? dx.data() : nullptr;
           using Vec = detail::ConstArrayMap<T>;
-          // x̂ = (x - mean) · rstd, recomputed per row where it is needed (never stored whole).
-          auto xhat = [&](std::int64_t i) { return (Vec(px + i * c, c) - pm[i]) * pr[i]; };
-          if (ctx.needs_grad(1)) {
-            BasicTensor<T> dw(Shape{c});
-            detail::column_sums(n, c, dw.data(), [&](std::int64_t i, T* acc) {
-              detail::ArrayMap<T>(acc, c) += Vec(pdy + i * c, c) * xhat(i);
+          // One pass over the rows: each row's x̂ (rebuilt from the saved mean and rstd), its input
+          // gradient, and its terms of the weight and bias sums, while the row is in cache.
+          // Per row: dx = ((g - mean(g)) - x̂ · mean(g · x̂)) · rstd, with g = dy · weight.
+          auto row = [&](std::int64_t i, T* acc_w, T* acc_b) {
+            const auto xhat = (Vec(px + i * c, c) - pm[i]) * pr[i];
+            const Vec dy(pdy + i * c, c);
+            if (acc_w) detail::ArrayMap<T>(acc_w, c) += dy * xhat;
+            if (acc_b) detail::ArrayMap<T>(acc_b, c) += dy;
+            if (!pdx) return;
+            detail::ArrayMap<T> g(pdx + i * c, c);  // g, then dx in place
+            if (pw) g = dy * Vec(pw, c);
+            else g = dy;
+            const T mean_g = g.sum() * inv_c, mean_gx = (g * xhat).sum() * inv_c;
+            g = ((g - mean_g) - xhat * mean_gx) * pr[i];
+          };
+          if (need_dw || need_db) {
+            // The sums as one (dw | db) row of column_sums: fixed blocks, any thread count.
+            const std::int64_t width = (need_dw ? c : 0) + (need_db ? c : 0);
+            BasicTensor<T> sums(Shape{width});
+            detail::column_sums(n, width, sums.data(), [&](std::int64_t i, T* acc) {
+              row(i, need_dw ? acc : nullptr, need_db ? acc + (need_dw ? c : 0) : nullptr);
             });
-            ctx.accumulate(1, std::move(dw));
-          }
-          if (ctx.needs_grad(2)) {
-            BasicTensor<T> db(Shape{c});
-            detail::column_sums(n, c, db.data(), [&](std::int64_t i, T* acc) {
-              detail::ArrayMap<T>(acc, c) += Vec(pdy + i * c, c);
-            });
-            ctx.accumulate(2, std::move(db));
-          }
-          if (ctx.needs_grad(0)) {
-            // Per row: dx = ((g - mean(g)) - x̂ · mean(g · x̂)) · rstd, with g = dy · weight.
-            const BasicTensor<T> wv = has_weight ? ctx.saved(3) : BasicTensor<T>();
-            const T* pw = has_weight ? wv.data() : nullptr;
-            const auto inv_c = T(1) / static_cast<T>(c);
-            BasicTensor<T> dx(xv.shape());
-            T* pdx = dx.data();
+            if (need_dw) {
+              BasicTensor<T> dw(Shape{c});
+              detail::ArrayMap<T>(dw.data(), c) = Vec(sums.cdata(), c);
+              ctx.accumulate(1, std::move(dw));
+            }
+            if (need_db) {
+              BasicTensor<T> db(Shape{c});
+              detail::ArrayMap<T>(db.data(), c) = Vec(sums.cdata() + (need_dw ? c : 0), c);
+              ctx.accumulate(2, std::move(db));
+            }
+          } else if (need_dx) {
             parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
                          [&](std::int64_t r0, std::int64_t r1) {
-                           Eigen::Array<T, Eigen::Dynamic, 1> g(c), xh(c);
-                           for (std::int64_t i = r0; i < r1; ++i) {
-                             g = Vec(pdy + i * c, c);
-                             if (pw) g *= Vec(pw, c);
-                             xh = xhat(i);
-                             const T mean_g = g.sum() * inv_c, mean_gx = (g * xh).sum() * inv_c;
-                             detail::ArrayMap<T>(pdx + i * c, c) = ((g - mean_g) - xh * mean_gx) * pr[i];
-                           }
+                           for (std::int64_t i = r0; i < r1; ++i) row(i, nullptr, nullptr);
                          });
-            ctx.accumulate(0, std::move(dx));
           }
+          if (need_dx) ctx.accumulate(0, std::move(dx));
         });
   }
   return y;

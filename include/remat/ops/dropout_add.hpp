@@ -1,0 +1,64 @@
+#pragma once
+// The residual join of a Transformer block, x + dropout(h), as one pass over memory: the
+// dropped-out branch is never written on its own.
+
+#include "remat/ops/add.hpp"
+#include "remat/ops/dropout.hpp"
+
+namespace remat {
+namespace op {
+inline const OpId dropout_add = register_op("dropout_add");
+}  // namespace op
+
+
+/// y = residual + dropout(h, p): the mask is drawn from `gen` exactly as dropout() draws it, and
+/// every element is the same float sum as residual + dropout(h), so the two are bitwise equal
+/// (evaluation or p = 0: residual + h, the add op itself).
+/// d residual = dy,  dh = dy ⊙ m / (1 - p).
+/// Saves: only the generator state at entry, as dropout.
+template <class T>
+BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residual, double p, bool training = true,
+                           Generator& gen = default_generator()) {
+  REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout_add: probability must be in [0, 1], got {}", p);
+  REMAT_CHECK(h.shape() == residual.shape(),
+              "dropout_add: the branch {} and the residual {} must have one shape (no broadcasting)", h.shape(),
+              residual.shape());
+  if (!training || p == 0.0) return add(residual, h);
+  const Generator::State at_entry = gen.state();
+  const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+  const float threshold = p < 1.0 ? static_cast<float>(p) : 2.0f;
+  const std::int64_t n = h.numel();
+  BasicTensor<T> y = detail::produce<T>(op::dropout_add, h.shape(), 2.0 * static_cast<double>(n), [&] {
+    BasicTensor<T> out(h.shape());
+    const T* ph = h.cdata();
+    const T* pr = residual.cdata();
+    T* po = out.data();
+    const auto blocks = static_cast<std::int64_t>(detail::uniform24_blocks(static_cast<std::uint64_t>(n)));
+    parallel_for(blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
+      detail::for_each_uniform24_run(
+          at_entry, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
+          [ph, pr, po, threshold, scale](std::uint64_t i, const float* u, std::uint64_t m) {
+            for (std::uint64_t j = 0; j < m; ++j) {  // unconditional loads: see apply_dropout_mask
+              const T kept = ph[i + j] * scale;
+              po[i + j] = pr[i + j] + (u[j] >= threshold ? kept : T(0));
+            }
+          });
+    });
+    return out;
+  });
+  gen.set_state({gen.seed(), gen.state().offset + detail::uniform24_blocks(static_cast<std::uint64_t>(n))});
+  if (detail::grad_needed(h, residual))
+    detail::record<T>(op::dropout_add, {h, residual}, {&y}, {},
+                      [at_entry, threshold, scale, n](detail::BackwardContext<T>& ctx) {
+                        const BasicTensor<T>& dy = ctx.grad_output();
+                        if (ctx.needs_grad(0)) {
+                          BasicTensor<T> dh(dy.shape());
+                          detail::apply_dropout_mask(dy.cdata(), dh.data(), n, threshold, scale, at_entry);
+                          ctx.accumulate(0, std::move(dh));
+                        }
+                        if (ctx.needs_grad(1)) ctx.accumulate(1, dy);
+                      });
+  return y;
+}
+
+}  // namespace remat
