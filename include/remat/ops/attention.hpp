@@ -22,10 +22,12 @@
 // the result written straight into (B, T, C) (causal_self_attention): no head split, no permute
 // copies either way.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 
+#include "remat/core/gemm.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
@@ -40,12 +42,6 @@ namespace detail {
 
 template <class T>
 using RowMajorMatrix = Eigen::Matrix<T, -1, -1, Eigen::RowMajor>;
-/// A (rows, cols) row-major block at `p` whose rows are `ld` elements apart: one head's rows inside
-/// a wider tensor.
-template <class T>
-using ConstStridedMap = Eigen::Map<const RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
-template <class T>
-using StridedMap = Eigen::Map<RowMajorMatrix<T>, 0, Eigen::OuterStride<>>;
 
 /// Where each (batch, head)'s rows live: q, k, v (and their gradients) at in_offset(bh) from their
 /// base pointers, rows ld_in apart; y and dy at out_offset(bh), rows ld_out apart.
@@ -69,18 +65,24 @@ struct AttentionLayout {
 
 /// The dropout multipliers of one (batch, head)'s (T, T) probabilities — keep/(1-p) or 0 — drawn
 /// exactly as dropout() on the flattened (B, H, T, T) tensor would draw them from `state`: the
-/// elements [bh·T², (bh+1)·T²) of that draw, by the generator's element rule.
+/// elements [bh·T², (bh+1)·T²) of that draw, by the generator's element rule. Only the causal part
+/// (column ≤ row) is drawn; above the diagonal the probabilities are 0, and so is the mask.
 template <class T>
 void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_t t, float p, T keep_scale,
                             RowMajorMatrix<T>& mask) {
-  const auto first = static_cast<std::uint64_t>(bh * t * t), last = first + static_cast<std::uint64_t>(t * t);
-  T* m = mask.data();  // row-major (T, T): element i of the draw is entry i - first
-  // Copies, not references, in the loop: a store through `piece` could otherwise change them,
-  // and the loop would not vectorise.
-  for_each_uniform24_run(state, first, last, [m, first, p, keep_scale](std::uint64_t i, const float* u, std::uint64_t n) {
-    T* piece = m + (i - first);
-    for (std::uint64_t j = 0; j < n; ++j) piece[j] = u[j] >= p ? keep_scale : T(0);
-  });
+  T* m = mask.data();  // row-major (T, T)
+  for (std::int64_t i = 0; i < t; ++i) {
+    const auto row_first = static_cast<std::uint64_t>((bh * t + i) * t);
+    T* row = m + i * t;
+    // Copies, not references, in the loop: a store through `row` could otherwise change them, and
+    // the loop would not vectorise.
+    for_each_uniform24_run(state, row_first, row_first + static_cast<std::uint64_t>(i + 1),
+                           [row, row_first, p, keep_scale](std::uint64_t e, const float* u, std::uint64_t n) {
+                             T* piece = row + (e - row_first);
+                             for (std::uint64_t j = 0; j < n; ++j) piece[j] = u[j] >= p ? keep_scale : T(0);
+                           });
+    std::fill(row + i + 1, row + t, T(0));
+  }
 }
 
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
@@ -88,8 +90,7 @@ void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_
 template <class T>
 void attention_probs(const T* q, const T* k, std::int64_t ld, std::int64_t t, std::int64_t d, T scale,
                      RowMajorMatrix<T>& p, const T* lse_in, T* lse_out) {
-  p.noalias() = ConstStridedMap<T>(q, t, d, Eigen::OuterStride<>(ld)) *
-                ConstStridedMap<T>(k, t, d, Eigen::OuterStride<>(ld)).transpose();
+  gemm(false, true, t, t, d, q, ld, k, ld, p.data(), t);  // q kᵀ, k read transposed in place
   for (std::int64_t i = 0; i < t; ++i) {
     auto row = p.row(i).array();
     row.head(i + 1) *= scale;
@@ -121,8 +122,7 @@ void attention_forward(const AttentionLayout& L, const T* q, const T* k, const T
         attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
         probs.array() *= mask.array();
       }
-      StridedMap<T>(y + L.out_offset(bh), t, d, Eigen::OuterStride<>(L.ld_out)).noalias() =
-          probs * ConstStridedMap<T>(v + in, t, d, Eigen::OuterStride<>(L.ld_in));
+      gemm(false, false, t, d, t, probs.data(), t, v + in, L.ld_in, y + L.out_offset(bh), L.ld_out);
     }
   });
 }
@@ -132,29 +132,28 @@ template <class T>
 void attention_backward(const AttentionLayout& L, const T* q, const T* k, const T* v, const T* lse, const T* dy, T* dq,
                         T* dk, T* dv, T scale, float p, T keep_scale, Generator::State rng) {
   const std::int64_t t = L.t, d = L.d;
-  const Eigen::OuterStride<> in_stride(L.ld_in), out_stride(L.ld_out);
   parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
     RowMajorMatrix<T> probs(t, t), dp(t, t), mask;
     if (p > 0) mask.resize(t, t);
     for (std::int64_t bh = b0; bh < b1; ++bh) {
       const std::int64_t in = L.in_offset(bh);
       attention_probs(q + in, k + in, L.ld_in, t, d, scale, probs, lse + bh * t, static_cast<T*>(nullptr));
-      const ConstStridedMap<T> dY(dy + L.out_offset(bh), t, d, out_stride), Q(q + in, t, d, in_stride),
-          K(k + in, t, d, in_stride), V(v + in, t, d, in_stride);
-      StridedMap<T> dV(dv + in, t, d, in_stride);
-      dp.noalias() = dY * V.transpose();
+      const T* dY = dy + L.out_offset(bh);
+      const std::int64_t ld = L.ld_in, ldo = L.ld_out;
+      gemm(false, true, t, t, d, dY, ldo, v + in, ld, dp.data(), t);  // dY Vᵀ
+      const T* pd = probs.data();  // Pd: the probabilities as dropout left them
       if (p > 0) {
         attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
         dp.array() *= mask.array();  // dP = M ⊙ (dY Vᵀ); above the diagonal P is 0 anyway
-        dV.noalias() = (mask.array() * probs.array()).matrix().transpose() * dY;
-      } else {
-        dV.noalias() = probs.transpose() * dY;
+        mask.array() *= probs.array();
+        pd = mask.data();
       }
+      gemm(true, false, t, d, t, pd, t, dY, ldo, dv + in, ld);  // dV = Pdᵀ dY
       const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
       dp.array() = probs.array() * (dp.array().colwise() - rowdot);
       dp *= scale;
-      StridedMap<T>(dq + in, t, d, in_stride).noalias() = dp * K;
-      StridedMap<T>(dk + in, t, d, in_stride).noalias() = dp.transpose() * Q;
+      gemm(false, false, t, d, t, dp.data(), t, k + in, ld, dq + in, ld);  // dQ = dS K
+      gemm(true, false, t, d, t, dp.data(), t, q + in, ld, dk + in, ld);   // dK = dSᵀ Q
     }
   });
 }
