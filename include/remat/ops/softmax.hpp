@@ -40,10 +40,14 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
     T* py = result.data();
     parallel_for(x.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
                  [&](std::int64_t r0, std::int64_t r1) {
-                   detail::ConstRowArrayMap<T> in(px + r0 * c, r1 - r0, c);
-                   detail::RowArrayMap<T> out(py + r0 * c, r1 - r0, c);
-                   out = (in.colwise() - in.rowwise().maxCoeff()).exp();
-                   out.colwise() /= out.rowwise().sum();
+                   // Row by row on contiguous maps: Eigen vectorises exp along a row, not across a
+                   // block broadcast column-wise (that ran glibc's scalar expf per element).
+                   for (std::int64_t r = r0; r < r1; ++r) {
+                     const detail::ConstArrayMap<T> in(px + r * c, c);
+                     detail::ArrayMap<T> out(py + r * c, c);
+                     out = (in - in.maxCoeff()).exp();
+                     out /= out.sum();
+                   }
                  });
     return result;
   });
@@ -56,8 +60,10 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
       T* px = dx.data();
       parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
                    [&](std::int64_t r0, std::int64_t r1) {
-                     detail::ConstRowArrayMap<T> ys(py + r0 * c, r1 - r0, c), dy(pd + r0 * c, r1 - r0, c);
-                     detail::RowArrayMap<T>(px + r0 * c, r1 - r0, c) = ys * (dy.colwise() - (dy * ys).rowwise().sum());
+                     for (std::int64_t r = r0; r < r1; ++r) {
+                       const detail::ConstArrayMap<T> ys(py + r * c, c), dy(pd + r * c, c);
+                       detail::ArrayMap<T>(px + r * c, c) = ys * (dy - (dy * ys).sum());
+                     }
                    });
       ctx.accumulate(0, std::move(dx));
     });
