@@ -17,6 +17,22 @@ TEST_CASE("softmax and log_softmax: rows sum to one and stay finite for large in
   for (std::int64_t i = 0; i < 6; ++i) CHECK(std::isfinite(lp.data()[i]));
 }
 
+TEST_CASE("softmax: masked (-inf) and underflowing entries are exactly 0, and take no gradient", "[ops][softmax]") {
+  // 40 columns: whole vector registers on any instruction set, where exp is vectorised.
+  std::vector<float> row(40, -std::numeric_limits<float>::infinity());
+  row[0] = 1.0f;
+  row[7] = 0.5f;
+  row[9] = -200.0f;  // e^-201 underflows float
+  Tensor x = tensor(row, {1, 40}).requires_grad_();
+  const Tensor p = softmax(x);
+  for (std::int64_t j = 0; j < 40; ++j)
+    if (j != 0 && j != 7) CHECK(p.at({0, j}) == 0.0f);
+  CHECK(p.at({0, 0}) + p.at({0, 7}) == Approx(1.0f));
+  sum(p * randn({1, 40})).backward();
+  for (std::int64_t j = 0; j < 40; ++j)
+    if (j != 0 && j != 7) CHECK(x.grad().at({0, j}) == 0.0f);
+}
+
 TEST_CASE("softmax and log_softmax: backward matches finite differences", "[ops][softmax]") {
   test::require_gradcheck([](test::Inputs x) { return softmax(x[0]); }, {randn<double>({2, 3, 5})});
   test::require_gradcheck([](test::Inputs x) { return log_softmax(x[0], -1); }, {randn<double>({4, 5})});

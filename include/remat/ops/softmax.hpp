@@ -9,6 +9,10 @@
 //
 // log_softmax: z_i = x_i − m − log Σ_k e^{x_k − m}, ∂z_i/∂x_j = δ_ij − y_j with y = e^z, so
 //   dx_j = dy_j − y_j Σ_i dy_i = dy_j − e^{z_j} Σ_i dy_i          Saves z (y is recomputed as e^z).
+
+#include <cmath>
+#include <limits>
+
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
 
@@ -42,10 +46,16 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
                  [&](std::int64_t r0, std::int64_t r1) {
                    // Row by row on contiguous maps: Eigen vectorises exp along a row, not across a
                    // block broadcast column-wise (that ran glibc's scalar expf per element).
+                   // Vectorised, Eigen's exp returns a tiny positive number instead of 0 below the
+                   // smallest normal, -inf included (masked scores): those are made 0 exactly, as
+                   // PyTorch gives, so a masked position takes no weight and no gradient at all.
+                   const T underflow = std::log(std::numeric_limits<T>::min());
                    for (std::int64_t r = r0; r < r1; ++r) {
                      const detail::ConstArrayMap<T> in(px + r * c, c);
                      detail::ArrayMap<T> out(py + r * c, c);
-                     out = (in - in.maxCoeff()).exp();
+                     const T top = in.maxCoeff();
+                     out = (in - top).exp();
+                     out = ((in - top) < underflow).select(T(0), out);
                      out /= out.sum();
                    }
                  });
