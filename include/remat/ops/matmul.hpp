@@ -19,7 +19,28 @@ namespace detail {
 struct MatmulBatches {
   Shape batch;  // broadcast batch shape, rank 0 to 2
   std::vector<std::int64_t> a_offset, b_offset;
+  bool broadcast = false;  // an operand's batch dims were broadcast: batches share its matrices
 };
+
+/// Products at most this many multiply-adds (M·N·K) are too small to split across threads: a
+/// batch of them runs one product per thread at a time instead (the batched products of attention
+/// heads, 64×64×32 in the benchmark's deep GPT, cost less than the GEMM's own fork and join).
+inline constexpr std::int64_t kSmallGemm = std::int64_t{1} << 21;
+
+/// f(i) for every batch i: spread over threads when the products are small and independent (no
+/// operand broadcast, so no two batches write one gradient), one after another otherwise (each
+/// product then uses every thread itself). Each product's bits do not depend on which is chosen.
+template <class F>
+void for_each_batch(const MatmulBatches& m, std::int64_t work, F f) {
+  const auto n = static_cast<std::int64_t>(m.a_offset.size());
+  if (!m.broadcast && work <= kSmallGemm) {
+    parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t i = b0; i < b1; ++i) f(i);
+    });
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
 
 inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
   const Shape ba = Shape(std::vector<std::int64_t>(a.begin(), a.end() - 2));
@@ -29,6 +50,7 @@ inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
   const std::int64_t a_mat = a[a.rank() - 2] * a[a.rank() - 1], b_mat = b[b.rank() - 2] * b[b.rank() - 1];
   const auto n = padded_sizes(m.batch);
   const auto sa = broadcast_strides(ba, m.batch), sb = broadcast_strides(bb, m.batch);
+  m.broadcast = !(ba == m.batch && bb == m.batch);
   for (std::int64_t i2 = 0; i2 < n[2]; ++i2)
     for (std::int64_t i3 = 0; i3 < n[3]; ++i3) {
       m.a_offset.push_back((i2 * sa[2] + i3 * sa[3]) * a_mat);
@@ -70,12 +92,13 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     if (fold) {
       detail::gemm(false, false, N ? out.numel() / N : 0, N, K, a.data(), K, b.data(), N, out.data(), N);
     } else {
-      const T* pa = a.data();
-      const T* pb = b.data();
+      const T* pa = a.cdata();
+      const T* pb = b.cdata();
       T* pc = out.data();
-      for (std::size_t i = 0; i < batches.a_offset.size(); ++i)
-        detail::gemm(false, false, M, N, K, pa + batches.a_offset[i], K, pb + batches.b_offset[i], N,
-                     pc + static_cast<std::int64_t>(i) * M * N, N);
+      detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
+        const auto u = static_cast<std::size_t>(i);
+        detail::gemm(false, false, M, N, K, pa + batches.a_offset[u], K, pb + batches.b_offset[u], N, pc + i * M * N, N);
+      });
     }
     return out;
   });
@@ -112,16 +135,21 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
             gb = BasicTensor<T>(sb);
             detail::flat(gb).setZero();
           }
-          const T* pdc = dc.data();
-          for (std::size_t i = 0; i < batches.a_offset.size(); ++i) {
-            const T* dci = pdc + static_cast<std::int64_t>(i) * M * N;
+          const T* pdc = dc.cdata();
+          const T* pbv = da ? bv.cdata() : nullptr;
+          const T* pav = db ? av.cdata() : nullptr;
+          T* pga = da ? ga.data() : nullptr;
+          T* pgb = db ? gb.data() : nullptr;
+          detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
+            const auto u = static_cast<std::size_t>(i);
+            const T* dci = pdc + i * M * N;
             if (da)
-              detail::gemm(false, true, M, K, N, dci, N, bv.data() + batches.b_offset[i], N,
-                           ga.data() + batches.a_offset[i], K, /*accumulate=*/true);
+              detail::gemm(false, true, M, K, N, dci, N, pbv + batches.b_offset[u], N, pga + batches.a_offset[u], K,
+                           /*accumulate=*/true);
             if (db)
-              detail::gemm(true, false, K, N, M, av.data() + batches.a_offset[i], K, dci, N,
-                           gb.data() + batches.b_offset[i], N, /*accumulate=*/true);
-          }
+              detail::gemm(true, false, K, N, M, pav + batches.a_offset[u], K, dci, N, pgb + batches.b_offset[u], N,
+                           /*accumulate=*/true);
+          });
           if (da) ctx.accumulate(0, std::move(ga));
           if (db) ctx.accumulate(1, std::move(gb));
         });
