@@ -61,7 +61,8 @@ class CausalSelfAttention : public UnaryModule {
     const auto qkv = split(packed, C, -1);  // 3 × (B, T, C)
     auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // (B, H, T, D)
     const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-    Tensor att = matmul(q, transpose(k, -2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+    // q kᵀ with k read transposed by the GEMM, as PyTorch's q @ k.transpose(-2, -1) on a view.
+    Tensor att = matmul(q, k, false, true) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
     att = masked_fill(att, causal_mask(T), -std::numeric_limits<float>::infinity());
     const Tensor out = matmul(attn_dropout(softmax(att)), v);  // (B, H, T, D)
     return c_proj(reshape(permute(out, {0, 2, 1, 3}), {B, T, C}));

@@ -61,18 +61,25 @@ inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
 
 }  // namespace detail
 
-/// C = A B over the last two dims: A (..., M, K), B (..., K, N) -> (..., M, N); batch dims
-/// broadcast. When B is 2-D, A's leading dims fold into one (M·batch, K) GEMM.
-/// dA = dC Bᵀ, dB = Aᵀ dC, each summed over the batch dims its operand was broadcast along.
+/// C = op(A) op(B) over the last two dims, op transposing those two dims when its flag is set,
+/// without a copy (the GEMM reads the operand transposed): op(A) (..., M, K), op(B) (..., K, N)
+/// -> (..., M, N); batch dims broadcast. q kᵀ is matmul(q, k, false, true), what PyTorch's
+/// q @ k.transpose(-2, -1) computes on a strided view. When B is 2-D and A not transposed, A's
+/// leading dims fold into one (M·batch, K) GEMM.
+/// dA = dC op(B)ᵀ (transposed back when A was), dB = op(A)ᵀ dC (likewise), each summed over the
+/// batch dims its operand was broadcast along.
 /// Saves: B if A needs a gradient, A if B does.
 template <class T>
-BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool transpose_a, bool transpose_b) {
   REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
               a.shape(), b.shape());
-  const std::int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  REMAT_CHECK(b.size(-2) == K, "matmul: inner dims differ: {} @ {} (A's last dim {} vs B's dim -2 {})",
-              a.shape(), b.shape(), K, b.size(-2));
-  const bool fold = b.dim() == 2;  // (..., M, K) @ (K, N): one GEMM over all rows of A
+  const bool ta = transpose_a, tb = transpose_b;
+  const std::int64_t M = a.size(ta ? -1 : -2), K = a.size(ta ? -2 : -1), N = b.size(tb ? -2 : -1);
+  REMAT_CHECK(b.size(tb ? -1 : -2) == K,
+              "matmul: inner dims differ: {}{} @ {}{} (A contributes {} to the product's inner dim, B {})", a.shape(),
+              ta ? "ᵀ" : "", b.shape(), tb ? "ᵀ" : "", K, b.size(tb ? -1 : -2));
+  const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;  // row lengths of A and B as stored
+  const bool fold = b.dim() == 2 && !ta;  // (..., M, K) @ op(B): one GEMM over all rows of A
   detail::MatmulBatches batches;
   Shape out_shape;
   if (fold) {
@@ -90,14 +97,14 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, [&] {
     BasicTensor<T> out(out_shape);
     if (fold) {
-      detail::gemm(false, false, N ? out.numel() / N : 0, N, K, a.data(), K, b.data(), N, out.data(), N);
+      detail::gemm(false, tb, N ? out.numel() / N : 0, N, K, a.cdata(), K, b.cdata(), ldb, out.data(), N);
     } else {
       const T* pa = a.cdata();
       const T* pb = b.cdata();
       T* pc = out.data();
       detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
         const auto u = static_cast<std::size_t>(i);
-        detail::gemm(false, false, M, N, K, pa + batches.a_offset[u], K, pb + batches.b_offset[u], N, pc + i * M * N, N);
+        detail::gemm(ta, tb, M, N, K, pa + batches.a_offset[u], lda, pb + batches.b_offset[u], ldb, pc + i * M * N, N);
       });
     }
     return out;
@@ -109,19 +116,30 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
     if (db) saved.emplace_back(a);
     detail::record<T>(
         op::matmul, {a, b}, {&c}, std::move(saved),
-        [da, db, fold, batches, sa = a.shape(), sb = b.shape(), M, K, N](detail::BackwardContext<T>& ctx) {
+        [da, db, ta, tb, fold, batches, sa = a.shape(), sb = b.shape(), M, K, N, lda, ldb](detail::BackwardContext<T>& ctx) {
           const BasicTensor<T>& dc = ctx.grad_output();
           const BasicTensor<T> bv = da ? ctx.saved(0) : BasicTensor<T>();
           const BasicTensor<T> av = db ? ctx.saved(da ? 1 : 0) : BasicTensor<T>();
+          // One product's gradients, as stored: dA = dC op(B)ᵀ, or its transpose op(B) dCᵀ when A
+          // is stored transposed; dB = op(A)ᵀ dC, or dCᵀ op(A) when B is.
+          auto grad_a = [&](std::int64_t m, const T* dci, const T* bi, T* gai, bool accumulate) {
+            if (ta) detail::gemm(tb, true, K, m, N, bi, ldb, dci, N, gai, lda, accumulate);
+            else detail::gemm(false, !tb, m, K, N, dci, N, bi, ldb, gai, lda, accumulate);
+          };
+          auto grad_b = [&](std::int64_t m, const T* dci, const T* ai, T* gbi, bool accumulate) {
+            if (tb) detail::gemm(true, ta, N, K, m, dci, N, ai, lda, gbi, ldb, accumulate);
+            else detail::gemm(!ta, false, K, N, m, ai, lda, dci, N, gbi, ldb, accumulate);
+          };
           if (fold) {
+            const std::int64_t rows = sa.numel() / K;
             if (da) {
               BasicTensor<T> ga(sa);
-              detail::gemm(false, true, ga.numel() / K, K, N, dc.data(), N, bv.data(), N, ga.data(), K);
+              grad_a(rows, dc.cdata(), bv.cdata(), ga.data(), false);
               ctx.accumulate(0, std::move(ga));
             }
             if (db) {
               BasicTensor<T> gb(sb);
-              detail::gemm(true, false, K, N, av.numel() / K, av.data(), K, dc.data(), N, gb.data(), N);
+              grad_b(rows, dc.cdata(), av.cdata(), gb.data(), false);
               ctx.accumulate(1, std::move(gb));
             }
             return;
@@ -143,18 +161,21 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
           detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
             const auto u = static_cast<std::size_t>(i);
             const T* dci = pdc + i * M * N;
-            if (da)
-              detail::gemm(false, true, M, K, N, dci, N, pbv + batches.b_offset[u], N, pga + batches.a_offset[u], K,
-                           /*accumulate=*/true);
-            if (db)
-              detail::gemm(true, false, K, N, M, pav + batches.a_offset[u], K, dci, N, pgb + batches.b_offset[u], N,
-                           /*accumulate=*/true);
+            if (da) grad_a(M, dci, pbv + batches.b_offset[u], pga + batches.a_offset[u], /*accumulate=*/true);
+            if (db) grad_b(M, dci, pav + batches.a_offset[u], pgb + batches.b_offset[u], /*accumulate=*/true);
           });
           if (da) ctx.accumulate(0, std::move(ga));
           if (db) ctx.accumulate(1, std::move(gb));
         });
   }
   return c;
+}
+
+/// C = A B over the last two dims: A (..., M, K), B (..., K, N) -> (..., M, N), as torch.matmul
+/// for rank >= 2 (see the four-argument form).
+template <class T>
+BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  return matmul(a, b, false, false);
 }
 
 }  // namespace remat
