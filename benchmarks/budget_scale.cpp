@@ -11,13 +11,10 @@
 
 #include <remat/remat.hpp>
 
+#include "flags.hpp"
+
 int main(int argc, char** argv) try {
-  std::map<std::string, std::string> a{{"steps", "1000"}, {"fraction", "0.25"}, {"seed", "1"}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = std::string(argv[i]).substr(2);
-    REMAT_CHECK(a.count(k), "budget_scale: unknown flag --{}", k);
-    a[k] = argv[i + 1];
-  }
+  bench::Flags a = bench::parse_flags(argc, argv, {{"steps", "1000"}, {"fraction", "0.25"}, {"seed", "1"}}, "budget_scale");
   const std::int64_t L = std::stoll(a["steps"]);
   std::mt19937_64 rng(std::stoull(a["seed"]));
   std::uniform_int_distribution<int> d(1, 8);

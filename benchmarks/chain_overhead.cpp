@@ -17,6 +17,8 @@
 
 #include <remat/remat.hpp>
 
+#include "flags.hpp"
+
 namespace {
 long rss_kb() {
   std::ifstream f("/proc/self/statm");
@@ -28,12 +30,7 @@ long rss_kb() {
 
 int main(int argc, char** argv) try {
   using namespace remat;
-  std::map<std::string, std::string> a{{"steps", "100000"}, {"policy", "none"}, {"step", "rnn"}, {"records", "compact"}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = std::string(argv[i]).substr(2);
-    REMAT_CHECK(a.count(k), "chain_overhead: unknown flag --{}", k);
-    a[k] = argv[i + 1];
-  }
+  bench::Flags a = bench::parse_flags(argc, argv, {{"steps", "100000"}, {"policy", "none"}, {"step", "rnn"}, {"records", "compact"}}, "chain_overhead");
   const std::int64_t L = std::stoll(a["steps"]);
   Generator g(1);
   Tensor w = (randn({32, 32}, g) * 0.2f).detach().requires_grad_();

@@ -21,6 +21,8 @@
 #include <remat/remat.hpp>
 #include <remat/dist/data_parallel.hpp>
 
+#include "flags.hpp"
+
 namespace {
 
 using namespace remat;
@@ -81,24 +83,15 @@ int main(int argc, char** argv) {
   const bool mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
   if (mpi) world.emplace(&argc, &argv);
   try {
-    std::map<std::string, std::string> a{{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
+    bench::Flags a = bench::parse_flags(argc, argv,
+                                        {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                          {"batch", "16"}, {"vocab", "256"}, {"mode", "blocks"}, {"steps", "6"},
                                          {"warmup", "2"}, {"threads", "1"}, {"model", "0"},
-                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}};
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string k = std::string(argv[i]).substr(2);
-      REMAT_CHECK(a.count(k), "dist_step: unknown flag --{}", k);
-      a[k] = argv[i + 1];
-    }
+                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}},
+                                        "dist_step");
     set_num_threads(std::stoi(a["threads"]));
     const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;
-    nn::GPTConfig cfg;
-    cfg.n_layer = std::stoll(a["layers"]);
-    cfg.n_embd = std::stoll(a["width"]);
-    cfg.n_head = std::stoll(a["heads"]);
-    cfg.block_size = std::stoll(a["context"]);
-    cfg.vocab_size = std::stoll(a["vocab"]);
-    cfg.dropout = 0.1;
+    const nn::GPTConfig cfg = bench::gpt_config(a, 0.1);
     const std::int64_t global_batch = std::stoll(a["batch"]);
     REMAT_CHECK(global_batch % ranks == 0, "dist_step: batch {} does not split across {} ranks", global_batch, ranks);
     const std::int64_t B = global_batch / ranks;

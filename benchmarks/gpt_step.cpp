@@ -12,24 +12,17 @@
 
 #include <remat/remat.hpp>
 
+#include "flags.hpp"
+
 int main(int argc, char** argv) try {
   using namespace remat;
-  std::map<std::string, std::string> a{{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
-                                       {"batch", "8"},  {"vocab", "256"}, {"mode", "none"}, {"steps", "5"},
+  bench::Flags a = bench::parse_flags(argc, argv,
+                                      {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
+                                       {"batch", "8"}, {"vocab", "256"}, {"mode", "none"}, {"steps", "5"},
                                        {"warmup", "1"}, {"dropout", "0.1"}, {"early-stop", "1"},
-                                       {"attention", "fused"}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = std::string(argv[i]).substr(2);
-    REMAT_CHECK(a.count(k), "gpt_step: unknown flag --{}", k);
-    a[k] = argv[i + 1];
-  }
-  nn::GPTConfig cfg;
-  cfg.n_layer = std::stoll(a["layers"]);
-  cfg.n_embd = std::stoll(a["width"]);
-  cfg.n_head = std::stoll(a["heads"]);
-  cfg.block_size = std::stoll(a["context"]);
-  cfg.vocab_size = std::stoll(a["vocab"]);
-  cfg.dropout = std::stod(a["dropout"]);
+                                       {"attention", "fused"}},
+                                      "gpt_step");
+  const nn::GPTConfig cfg = bench::gpt_config(a, std::stod(a["dropout"]));
   const std::int64_t B = std::stoll(a["batch"]);
   Generator gen(0);
   nn::GPT model(cfg, gen);

@@ -10,13 +10,10 @@
 
 #include <remat/remat.hpp>
 
+#include "flags.hpp"
+
 int main(int argc, char** argv) try {
-  std::map<std::string, std::string> a{{"max-steps", "100000"}, {"snaps", "3,5,10,20"}, {"horizon", "1.2"}, {"sample", "0"}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = std::string(argv[i]).substr(2);
-    REMAT_CHECK(a.count(k), "online_ratio: unknown flag --{}", k);
-    a[k] = argv[i + 1];
-  }
+  bench::Flags a = bench::parse_flags(argc, argv, {{"max-steps", "100000"}, {"snaps", "3,5,10,20"}, {"horizon", "1.2"}, {"sample", "0"}}, "online_ratio");
   const std::int64_t Lmax = std::stoll(a["max-steps"]), sample = std::stoll(a["sample"]);
   std::stringstream list(a["snaps"]);
   for (std::string item; std::getline(list, item, ',');) {

@@ -15,6 +15,8 @@
 #include <adolc/revolve.h>
 #include <remat/remat.hpp>
 
+#include "flags.hpp"
+
 namespace {
 
 struct Run {
@@ -77,12 +79,7 @@ long peak_rss_kb() {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::map<std::string, std::string> a{{"steps", "1000000"}, {"snaps", "20"}, {"rounds", "7"}, {"impl", "both"}};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = std::string(argv[i]).substr(2);
-    REMAT_CHECK(a.count(k), "plan_vs_revolve: unknown flag --{}", k);
-    a[k] = argv[i + 1];
-  }
+  bench::Flags a = bench::parse_flags(argc, argv, {{"steps", "1000000"}, {"snaps", "20"}, {"rounds", "7"}, {"impl", "both"}}, "plan_vs_revolve");
   const int L = std::stoi(a["steps"]), s = std::stoi(a["snaps"]), rounds = std::stoi(a["rounds"]);
   const std::string impl = a["impl"];
   const long rss0 = peak_rss_kb();

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <limits>
 
 #include "support.hpp"
 
@@ -22,6 +23,17 @@ TEST_CASE("cross_entropy: mean negative log-likelihood, ignoring ignore_index ro
 TEST_CASE("cross_entropy: backward matches finite differences", "[ops][cross_entropy]") {
   const LongTensor targets = tensor<std::int64_t>({3, -100, 0, 4, 1, 1}, {2, 3});
   test::require_gradcheck([&](test::Inputs x) { return cross_entropy(x[0], targets); }, {randn<double>({2, 3, 5})});
+}
+
+TEST_CASE("cross_entropy: a masked (-inf) logit takes exactly no probability and no gradient", "[ops][cross_entropy]") {
+  std::vector<float> row(40, -std::numeric_limits<float>::infinity());  // 40 classes, 2 allowed
+  row[3] = 0.5f;
+  row[17] = -0.25f;
+  Tensor logits = tensor(row, {1, 40}).requires_grad_();
+  cross_entropy(logits, tensor<std::int64_t>({3})).backward();
+  for (std::int64_t j = 0; j < 40; ++j)
+    if (j != 3 && j != 17) CHECK(logits.grad().at({0, j}) == 0.0f);
+  CHECK(logits.grad().at({0, 17}) > 0.0f);
 }
 
 TEST_CASE("cross_entropy: targets out of range and mismatched shapes throw", "[ops][cross_entropy]") {

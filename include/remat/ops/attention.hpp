@@ -31,6 +31,7 @@
 #include "remat/core/random.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/exp.hpp"
 
 namespace remat {
 namespace op {
@@ -99,10 +100,10 @@ void attention_probs(const T* q, const T* k, std::int64_t ld, std::int64_t t, st
       lse = lse_in[i];
     } else {
       const T m = row.head(i + 1).maxCoeff();
-      lse = m + std::log((row.head(i + 1) - m).exp().sum());
+      lse = m + std::log(exp_or_zero(row.head(i + 1) - m).sum());
       lse_out[i] = lse;
     }
-    row.head(i + 1) = (row.head(i + 1) - lse).exp();
+    row.head(i + 1) = exp_or_zero(row.head(i + 1) - lse);
     row.tail(t - i - 1).setZero();
   }
 }

@@ -16,6 +16,7 @@
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/exp.hpp"
 
 namespace remat {
 namespace op {
@@ -60,7 +61,7 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
                          const detail::ConstArrayMap<T> z(pz + i * c, c);
                          detail::ArrayMap<T> p(pp + i * c, c);
                          const T top = z.maxCoeff();
-                         p = (z - top).exp();
+                         p = detail::exp_or_zero(z - top);
                          const T norm = p.sum();
                          p /= norm;
                          // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.

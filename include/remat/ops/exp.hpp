@@ -1,4 +1,5 @@
 #pragma once
+#include "remat/ops/detail/exp.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -7,11 +8,11 @@ inline const OpId exp = register_op("exp");
 }  // namespace op
 
 
-/// y = exp(x).  dx = dy * y.  Saves: y.
+/// y = exp(x) (exactly 0 below the smallest normal: detail/exp.hpp).  dx = dy * y.  Saves: y.
 template <class T>
 BasicTensor<T> exp(const BasicTensor<T>& x) {
   return detail::unary_saving_output(
-      op::exp, x, [](const auto& a) { return a.exp(); }, [](const auto& dy, const auto& y) { return dy * y; });
+      op::exp, x, [](const auto& a) { return detail::exp_or_zero(a); }, [](const auto& dy, const auto& y) { return dy * y; });
 }
 
 }  // namespace remat

@@ -10,11 +10,9 @@
 // log_softmax: z_i = x_i − m − log Σ_k e^{x_k − m}, ∂z_i/∂x_j = δ_ij − y_j with y = e^z, so
 //   dx_j = dy_j − y_j Σ_i dy_i = dy_j − e^{z_j} Σ_i dy_i          Saves z (y is recomputed as e^z).
 
-#include <cmath>
-#include <limits>
-
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/exp.hpp"
 
 namespace remat {
 namespace op {
@@ -46,16 +44,10 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
                  [&](std::int64_t r0, std::int64_t r1) {
                    // Row by row on contiguous maps: Eigen vectorises exp along a row, not across a
                    // block broadcast column-wise (that ran glibc's scalar expf per element).
-                   // Vectorised, Eigen's exp returns a tiny positive number instead of 0 below the
-                   // smallest normal, -inf included (masked scores): those are made 0 exactly, as
-                   // PyTorch gives, so a masked position takes no weight and no gradient at all.
-                   const T underflow = std::log(std::numeric_limits<T>::min());
                    for (std::int64_t r = r0; r < r1; ++r) {
                      const detail::ConstArrayMap<T> in(px + r * c, c);
                      detail::ArrayMap<T> out(py + r * c, c);
-                     const T top = in.maxCoeff();
-                     out = (in - top).exp();
-                     out = ((in - top) < underflow).select(T(0), out);
+                     out = detail::exp_or_zero(in - in.maxCoeff());
                      out /= out.sum();
                    }
                  });
@@ -91,7 +83,7 @@ BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
     auto in = detail::rows(x, c);
     auto out = detail::rows(result, c);
     out = in.colwise() - in.rowwise().maxCoeff();
-    out.colwise() -= out.exp().rowwise().sum().log();
+    out.colwise() -= detail::exp_or_zero(out).rowwise().sum().log();
     return result;
   });
   if (detail::grad_needed(x))
@@ -99,7 +91,7 @@ BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
       const BasicTensor<T> yv = ctx.saved(0);
       auto dy = detail::rows(ctx.grad_output(), c);
       BasicTensor<T> dx(yv.shape());
-      detail::rows(dx, c) = dy - detail::rows(yv, c).exp().colwise() * dy.rowwise().sum();
+      detail::rows(dx, c) = dy - detail::exp_or_zero(detail::rows(yv, c)).colwise() * dy.rowwise().sum();
       ctx.accumulate(0, std::move(dx));
     });
   return y;
