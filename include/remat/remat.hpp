@@ -22,6 +22,7 @@
 #include "remat/checkpoint/chain.hpp"
 #include "remat/checkpoint/checkpoint.hpp"
 #include "remat/checkpoint/early_stop.hpp"
+#include "remat/checkpoint/memory_budget.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/online.hpp"
 #include "remat/checkpoint/replay.hpp"

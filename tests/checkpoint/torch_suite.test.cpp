@@ -23,7 +23,7 @@ int& computes() {
 /// y = 2x through the op-output hook, counting every time it really computes. `saves_input`: its
 /// backward reads x (like mul by a tensor); else it reads nothing (like add).
 Tensor counted(const Tensor& x, bool saves_input = true) {
-  Tensor y = detail::produce<float>(test_op::counted, x.shape(), static_cast<double>(x.numel()), [&] {
+  Tensor y = detail::produce<float>(test_op::counted, x.shape(), static_cast<double>(x.numel()), {x}, [=] {
     ++computes();
     Tensor out(x.shape());
     for (std::int64_t i = 0; i < x.numel(); ++i) out.data()[i] = 2.0f * x.data()[i];

@@ -160,10 +160,15 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
   } catch (...) {
     if (detail::GradObserver* observer = detail::grad_observer(); observer && outermost)
       observer->on_backward_end(false);
+    if (detail::Residency* residency = detail::active_residency(); residency && outermost)
+      residency->backward_ended(false);
     throw;
   }
   if (detail::GradObserver* observer = detail::grad_observer(); observer && outermost)
     observer->on_backward_end(true);
+  // Last: a memory budget that was exceeded in this step says so by throwing here.
+  if (detail::Residency* residency = detail::active_residency(); residency && outermost)
+    residency->backward_ended(true);
 }
 
 }  // namespace remat

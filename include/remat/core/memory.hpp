@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "remat/core/error.hpp"
 #include "remat/core/timeline.hpp"
 
 namespace remat {
@@ -219,32 +220,102 @@ inline std::uint64_t next_storage_serial(bool take) {
   return take ? next.fetch_add(1, std::memory_order_relaxed) : next.load(std::memory_order_relaxed);
 }
 
+class Storage;
+
+/// Who may discard a storage's bytes and bring them back (a memory budget): every read of an
+/// attached storage goes through access(), which recomputes the bytes first when they were
+/// discarded. make_room() is asked, on the thread whose budget is active, before bytes join the
+/// saved-for-backward books.
+class Residency {
+ public:
+  virtual ~Residency() = default;
+  /// The storage's bytes, recomputed first if they were discarded; notes the use.
+  virtual void* access(Storage& s) = 0;
+  /// A backward is about to read `s` (its node holds it meanwhile): a use, for staleness.
+  virtual void used(Storage& s) = 0;
+  /// `s` is being destroyed.
+  virtual void forget(Storage& s) noexcept = 0;
+  /// Before `bytes` of `incoming` join the saved books: discard others until they fit.
+  virtual void make_room(std::size_t bytes, const Storage* incoming) = 0;
+  /// What recomputing `s` would cost (flops), for reports.
+  virtual double rebuild_cost(const Storage& s) const = 0;
+  /// The outermost backward on this thread has returned (`completed`: without an exception).
+  virtual void backward_ended(bool completed) = 0;
+};
+
+/// The residency whose budget governs this thread's saved bytes, or null.
+inline Residency*& active_residency() {
+  thread_local Residency* active = nullptr;
+  return active;
+}
+
 /// The bytes behind one or more tensors (reshape shares it). `version` counts in-place writes so a
 /// tensor saved for backward and modified afterwards is an error, not a wrong gradient; `saved_refs`
 /// counts how many saved-for-backward records hold it, so shared storage is counted as saved once.
+/// Under a memory budget a storage may be attached to a Residency, which can discard its bytes
+/// (the handle stays) and recompute them when they are read again.
 class Storage {
  public:
   explicit Storage(std::size_t bytes)
       : data_(MemoryLedger::instance().allocate(bytes)), bytes_(bytes), serial_(next_storage_serial(true)) {}
   ~Storage() {
+    if (residency_) residency_->forget(*this);
+    if (!data_) return;  // discarded, or its buffer was handed to another storage
     if (saved_refs_ > 0) MemoryLedger::instance().remove_saved(bytes_);
     MemoryLedger::instance().deallocate(data_, bytes_);
   }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  void* data() const {
+    if (residency_) return residency_->access(const_cast<Storage&>(*this));
+    REMAT_CHECK(data_ != nullptr, "tensor access: the bytes of this tensor ({} B) were discarded under a memory "
+                "budget whose scope has ended, and can no longer be recomputed", bytes_);
+    return data_;
+  }
   std::size_t bytes() const { return bytes_; }
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
   std::uint64_t serial() const { return serial_; }
 
   void retain_saved() {
-    if (saved_refs_++ == 0) MemoryLedger::instance().add_saved(bytes_);
+    if (saved_refs_ == 0 && data_) {
+      if (Residency* r = active_residency()) r->make_room(bytes_, this);
+      MemoryLedger::instance().add_saved(bytes_);
+    }
+    ++saved_refs_;
   }
   void release_saved() {
-    if (--saved_refs_ == 0) MemoryLedger::instance().remove_saved(bytes_);
+    if (--saved_refs_ == 0 && data_) MemoryLedger::instance().remove_saved(bytes_);
   }
+  int saved_refs() const { return saved_refs_; }
+
+  // --- for a Residency ---------------------------------------------------------------------------
+  Residency* residency() const { return residency_; }
+  void attach(Residency* r) { residency_ = r; }
+  /// Whether the bytes are here (not discarded).
+  bool resident() const { return data_ != nullptr; }
+  /// The bytes without going through the residency (null when discarded).
+  void* raw_data() const { return data_; }
+  /// Frees the bytes; the handle, shape and version stay. Saved books drop them while away.
+  void discard() {
+    if (!data_) return;
+    if (saved_refs_ > 0) MemoryLedger::instance().remove_saved(bytes_);
+    MemoryLedger::instance().deallocate(data_, bytes_);
+    data_ = nullptr;
+  }
+  /// Takes `fresh`'s bytes (a recomputation of this storage's contents) as its own.
+  void adopt(Storage& fresh) {
+    REMAT_ASSERT(!data_ && fresh.data_ && fresh.bytes_ == bytes_);
+    if (Residency* r = active_residency(); r && saved_refs_ > 0) r->make_room(bytes_, this);
+    data_ = fresh.data_;
+    fresh.data_ = nullptr;  // live bytes move with the buffer: fresh's allocation is now ours
+    if (saved_refs_ > 0) MemoryLedger::instance().add_saved(bytes_);
+  }
+  /// References a residency's own bookkeeping holds (a recomputation's captured inputs), which do
+  /// not make a storage "held by the user".
+  int& bookkeeping_refs() { return bookkeeping_refs_; }
+  int bookkeeping_refs() const { return bookkeeping_refs_; }
 
  private:
   void* data_;
@@ -252,6 +323,8 @@ class Storage {
   std::uint64_t serial_;
   std::uint64_t version_ = 0;
   int saved_refs_ = 0;
+  int bookkeeping_refs_ = 0;
+  Residency* residency_ = nullptr;
 };
 
 }  // namespace detail

@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,6 +85,19 @@ struct OpOutput {
   const char* const* dtypes = nullptr;  ///< every output's element type (count of them)
 };
 
+/// How to compute an op's outputs again, offered to handlers that want it (a memory budget): the
+/// storages the op's compute reads, and the compute itself, which returns fresh tensors bitwise
+/// equal to the first ones (a random op's compute holds the generator state it drew at).
+struct Recompute {
+  std::vector<std::shared_ptr<detail::Storage>> reads;
+  /// References to each of `reads` that `compute` itself holds (its captured tensors).
+  std::vector<int> held_by_compute;
+  std::function<std::vector<detail::TensorRef>()> compute;
+  /// Outputs whose storage has a serial below this existed before the op ran (a view of an
+  /// input, as reshape makes): they are not the op's to recompute.
+  std::uint64_t first_new_serial = 0;
+};
+
 /// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the
 /// innermost sees each output first). By default a handler passes everything to the one outside
 /// it; a handler that owns the outputs of its scope (a checkpoint's selective saving) does not.
@@ -104,6 +120,13 @@ class OpOutputHook {
   /// After the op computed `values`, or was handed them by reuse(), or skipped them.
   virtual void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
     if (outer_) outer_->produced(out, values);
+  }
+  /// Whether a handler wants to be offered how to recompute the outputs ops compute.
+  virtual bool wants_recompute() const { return outer_ ? outer_->wants_recompute() : false; }
+  /// After produced(), for outputs the op computed (not handed over, not skipped): how to compute
+  /// them again. Passed outward by every handler, including those that own their scope's outputs.
+  virtual void recomputable(const OpOutput& out, const std::vector<detail::TensorRef>& values, Recompute how) {
+    if (outer_) outer_->recomputable(out, values, std::move(how));
   }
   /// When a node is recorded (or would be, in a checkpointed forward that records none): the
   /// tensors its backward will read. Whatever holds tensors for a backward outside a node's saved

@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 #include <cstddef>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -39,12 +40,64 @@ std::tuple<BasicTensor<Ts>...> make_unread(const std::array<Shape, sizeof...(Ts)
   return {unread_tensor<Ts>(shapes[I])...};
 }
 
+/// The tensors an op's compute reads (undefined ones are ignored): whoever recomputes the op later
+/// keeps them, and makes them resident first. Holds pointers into the caller's tensors, so it
+/// lives only as long as the produce() call it is passed to.
+class OpReads {
+ public:
+  template <class... Us>
+  OpReads(const BasicTensor<Us>&... ts) {  // NOLINT: implicit, so ops write {x, w}
+    static_assert(sizeof...(Us) <= kInline, "OpReads: pass more tensors as a std::vector");
+    (add(ts.storage()), ...);
+  }
+  template <class U>
+  OpReads(const std::vector<BasicTensor<U>>& ts) {  // NOLINT
+    for (const BasicTensor<U>& t : ts) more_.push_back(&t.storage());
+  }
+  /// Calls f(storage) for each read tensor's (defined) storage.
+  template <class F>
+  void for_each(F f) const {
+    for (std::size_t i = 0; i < n_; ++i) f(*inline_[i]);
+    for (const std::shared_ptr<Storage>* p : more_)
+      if (*p) f(*p);
+  }
+
+ private:
+  static constexpr std::size_t kInline = 4;
+  void add(const std::shared_ptr<Storage>& s) {
+    if (s) inline_[n_++] = &s;
+  }
+  // Pointers into the caller's tensors: no copies, no allocation on an op's path without a handler.
+  std::array<const std::shared_ptr<Storage>*, kInline> inline_{};
+  std::size_t n_ = 0;
+  std::vector<const std::shared_ptr<Storage>*> more_;
+};
+
+template <class Compute>
+Recompute make_recompute(const OpReads& reads, const Compute& compute, std::uint64_t first_new_serial) {
+  Recompute how;
+  how.first_new_serial = first_new_serial;
+  std::vector<long> before;
+  reads.for_each([&](const std::shared_ptr<Storage>& s) {
+    if (std::find(how.reads.begin(), how.reads.end(), s) != how.reads.end()) return;
+    how.reads.push_back(s);
+    before.push_back(s.use_count());
+  });
+  how.compute = [c = compute]() {
+    return std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, c());
+  };
+  for (std::size_t i = 0; i < how.reads.size(); ++i)
+    how.held_by_compute.push_back(static_cast<int>(how.reads[i].use_count() - before[i]));
+  return how;
+}
+
 /// The outputs of `op` (element types Ts..., shapes `shapes`): compute() — which returns them as a
 /// tuple — unless a handler supplies them; handlers see what was computed. `flops` is the op's
-/// estimate of its work.
+/// estimate of its work; `reads` are the tensors compute reads. compute captures by value: a
+/// handler may keep a copy and run it again later (a memory budget recomputing a discarded output).
 template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
-                                           Compute&& compute) {
+                                           const OpReads& reads, Compute&& compute) {
   OpOutputHook* hook = OpOutputHook::current();
   if (!hook) {
     TimelineSpan span(op.name(), "forward");
@@ -74,6 +127,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     hook->produced(out, refs);
     return result;
   }
+  const std::uint64_t first_new_serial = next_storage_serial(false);
   std::tuple<BasicTensor<Ts>...> result = [&] {
     OpOutputHook::Suspended quiet;
     TimelineSpan span(op.name(), "forward");
@@ -81,17 +135,18 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   }();
   std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
   hook->produced(out, refs);
+  if (hook->wants_recompute()) hook->recomputable(out, refs, make_recompute(reads, compute, first_new_serial));
   return result;
 }
 
 /// produce_all for an op with one output.
 template <class T, class Compute>
-BasicTensor<T> produce(OpId op, const Shape& shape, double flops, Compute&& compute) {
+BasicTensor<T> produce(OpId op, const Shape& shape, double flops, const OpReads& reads, Compute&& compute) {
   if (!OpOutputHook::current()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }
-  return std::get<0>(produce_all<T>(op, {shape}, flops, [&] { return std::tuple<BasicTensor<T>>(compute()); }));
+  return std::get<0>(produce_all<T>(op, {shape}, flops, reads, [compute] { return std::tuple<BasicTensor<T>>(compute()); }));
 }
 
 }  // namespace remat::detail

@@ -18,17 +18,23 @@ struct SavedTensorInfo {
   std::string dtype;
   std::size_t bytes;  ///< bytes of its storage
   bool shared;        ///< its storage is also saved by an entry listed earlier (not counted again)
+  bool discarded = false;    ///< a memory budget discarded its bytes; backward recomputes them
+  double rebuild_flops = 0;  ///< what recomputing it would cost (when discarded)
 };
 
 struct SavedTensorReport {
   std::vector<SavedTensorInfo> entries;
-  std::size_t total_bytes = 0;  ///< unique storages only: what the tape actually keeps alive
+  std::size_t total_bytes = 0;  ///< unique resident storages only: what the tape actually keeps alive
+  std::size_t discarded_bytes = 0;  ///< unique storages a memory budget discarded (recomputed on use)
 
   std::string str() const {
     std::string out = fmt::format("{:<24} {:<22} {:<8} {:>12}\n", "op", "shape", "dtype", "bytes");
     for (const SavedTensorInfo& e : entries)
-      out += fmt::format("{:<24} {:<22} {:<8} {:>12}{}\n", e.op, e.shape, e.dtype, e.bytes, e.shared ? " (shared)" : "");
-    out += fmt::format("{} saved tensors, {} bytes held for backward\n", entries.size(), total_bytes);
+      out += fmt::format("{:<24} {:<22} {:<8} {:>12}{}{}\n", e.op, e.shape, e.dtype, e.bytes, e.shared ? " (shared)" : "",
+                         e.discarded ? fmt::format(" (discarded; rebuild {:.3g} flop)", e.rebuild_flops) : "");
+    out += fmt::format("{} saved tensors, {} bytes held for backward", entries.size(), total_bytes);
+    if (discarded_bytes) out += fmt::format(", {} bytes discarded (recomputed when backward reads them)", discarded_bytes);
+    out += "\n";
     return out;
   }
 };
@@ -41,11 +47,14 @@ inline SavedTensorReport saved_tensors(const Tape& tape = current_tape()) {
     if (node->released()) continue;
     for (const detail::SavedTensor& s : node->saved()) {
       const bool shared = std::find(seen.begin(), seen.end(), s.storage()) != seen.end();
+      const detail::Storage* storage = s.storage();
+      const bool discarded = storage != nullptr && !storage->resident();
+      const double cost = discarded && storage->residency() ? storage->residency()->rebuild_cost(*storage) : 0.0;
       if (!shared) {
-        seen.push_back(s.storage());
-        report.total_bytes += s.bytes();
+        seen.push_back(storage);
+        (discarded ? report.discarded_bytes : report.total_bytes) += s.bytes();
       }
-      report.entries.push_back({node->name(), s.shape(), s.dtype(), s.bytes(), shared});
+      report.entries.push_back({node->name(), s.shape(), s.dtype(), s.bytes(), shared, discarded, cost});
     }
   }
   return report;

@@ -18,7 +18,7 @@ template <class T>
 BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "add");
   BasicTensor<T> z = detail::produce<T>(op::add, shape, static_cast<double>(shape.numel()),
-                                        [&] { return detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; }); });
+                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; }); });
   if (detail::grad_needed(a, b))
     detail::record<T>(op::add, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T>& dz = ctx.grad_output();

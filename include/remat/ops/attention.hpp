@@ -194,7 +194,7 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
 
   // The log-sum-exp per row is an output too: whoever keeps y keeps what its backward needs.
   const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
-  auto [y, lse] = detail::produce_all<T, T>(op::causal_attention, {q.shape(), Shape{B, H, t}}, flops, [&] {
+  auto [y, lse] = detail::produce_all<T, T>(op::causal_attention, {q.shape(), Shape{B, H, t}}, flops, {q, k, v}, [=] {
     BasicTensor<T> out_y(q.shape()), out_lse(Shape{B, H, t});
     detail::attention_forward(layout, q.cdata(), k.cdata(), v.cdata(), out_y.data(), out_lse.data(), scale, drop.p,
                               drop.keep_scale, drop.rng);
@@ -233,7 +233,7 @@ BasicTensor<T> causal_self_attention(const BasicTensor<T>& qkv, std::int64_t n_h
   const auto layout = detail::AttentionLayout::packed(B, H, t, d);
 
   const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
-  auto [y, lse] = detail::produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, [&] {
+  auto [y, lse] = detail::produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, {qkv}, [=] {
     BasicTensor<T> out_y(Shape{B, t, C}), out_lse(Shape{B, H, t});
     const T* base = qkv.cdata();
     detail::attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.p,

@@ -24,7 +24,7 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
   const std::int64_t c = bias.size(0), rows = c ? x.numel() / c : 0;
   using F = detail::Gelu<T>;
   const bool tanh = approximate == GeluApproximation::tanh;
-  BasicTensor<T> y = detail::produce<T>(op::bias_gelu, x.shape(), 2.0 * static_cast<double>(x.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::bias_gelu, x.shape(), 2.0 * static_cast<double>(x.numel()), {x, bias}, [=] {
     BasicTensor<T> out(x.shape());
     const T* px = x.cdata();
     T* py = out.data();

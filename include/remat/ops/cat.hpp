@@ -34,7 +34,7 @@ BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
     at += x.shape()[d];
   }
   const Shape shape = first.with(d, total);
-  BasicTensor<T> y = detail::produce<T>(op::cat, shape, static_cast<double>(shape.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::cat, shape, static_cast<double>(shape.numel()), {xs}, [=] {
     BasicTensor<T> joined(shape);
     for (std::size_t i = 0; i < xs.size(); ++i) detail::copy_along(xs[i], 0, joined, offsets[i], d, xs[i].shape()[d]);
     return joined;

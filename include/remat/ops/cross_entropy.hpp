@@ -48,7 +48,8 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
     ++counted;
   }
   auto [loss, probs] = detail::produce_all<T, T>(
-      op::cross_entropy, {Shape{}, logits.shape()}, 5.0 * static_cast<double>(logits.numel()), [&] {
+      op::cross_entropy, {Shape{}, logits.shape()}, 5.0 * static_cast<double>(logits.numel()), {logits, targets}, [=] {
+        const std::int64_t* t = targets.data();
         BasicTensor<T> out_probs(logits.shape());
         const T* pz = logits.data();
         T* pp = out_probs.data();

@@ -20,7 +20,7 @@ template <class T>
 BasicTensor<T> div(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "div");
   BasicTensor<T> z = detail::produce<T>(op::div, shape, static_cast<double>(shape.numel()),
-                                        [&] { return detail::broadcast_apply(a, b, "div", [](const auto& x, const auto& y) { return x / y; }); });
+                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "div", [](const auto& x, const auto& y) { return x / y; }); });
   if (detail::grad_needed(a, b)) {
     const bool db = b.requires_grad();
     std::vector<detail::SavedTensor> saved{b};

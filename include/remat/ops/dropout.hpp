@@ -48,7 +48,7 @@ BasicTensor<T> dropout(const BasicTensor<T>& x, double p, bool training = true, 
   const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
   const auto pf = static_cast<float>(p);
   const std::int64_t n = x.numel();
-  BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
     BasicTensor<T> out(x.shape());
     detail::apply_dropout_mask(x.data(), out.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
     return out;

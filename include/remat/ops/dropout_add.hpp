@@ -28,7 +28,7 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
   const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
   const float threshold = p < 1.0 ? static_cast<float>(p) : 2.0f;
   const std::int64_t n = h.numel();
-  BasicTensor<T> y = detail::produce<T>(op::dropout_add, h.shape(), 2.0 * static_cast<double>(n), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::dropout_add, h.shape(), 2.0 * static_cast<double>(n), {h, residual}, [=] {
     BasicTensor<T> out(h.shape());
     const T* ph = h.cdata();
     const T* pr = residual.cdata();

@@ -24,7 +24,8 @@ BasicTensor<T> embedding(const LongTensor& indices, const BasicTensor<T>& weight
                 ids[i], i, indices.shape(), v);
   std::vector<std::int64_t> s = indices.shape().vec();
   s.push_back(c);
-  BasicTensor<T> y = detail::produce<T>(op::embedding, Shape(s), static_cast<double>(indices.numel() * c), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::embedding, Shape(s), static_cast<double>(indices.numel() * c), {indices, weight}, [=] {
+    const std::int64_t* ids = indices.data();
     BasicTensor<T> rows{Shape(s)};
     const T* pw = weight.data();
     T* py = rows.data();

@@ -39,7 +39,7 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight,
   const std::int64_t n = x.numel() / c;
   // The per-row statistics are outputs too: whoever keeps y keeps what its backward needs.
   auto [y, mean, rstd] = detail::produce_all<T, T, T>(
-      op::layer_norm, {x.shape(), Shape{n}, Shape{n}}, 8.0 * static_cast<double>(x.numel()), [&] {
+      op::layer_norm, {x.shape(), Shape{n}, Shape{n}}, 8.0 * static_cast<double>(x.numel()), {x, weight, bias}, [=] {
         BasicTensor<T> out_y(x.shape()), out_mean(Shape{n}), out_rstd(Shape{n});
         const T* px = x.data();
         T* py = out_y.data();

@@ -26,7 +26,7 @@ BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, con
   std::vector<std::int64_t> s = x.shape().vec();
   s.back() = out;
   const double flops = 2.0 * static_cast<double>(x.numel() / std::max<std::int64_t>(in, 1)) * static_cast<double>(in * out);
-  BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), flops, [&] {
+  BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), flops, {x, weight, bias}, [=] {
     BasicTensor<T> result{Shape(s)};
     const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
     detail::gemm(false, true, rows, out, in, x.data(), in, weight.data(), in, result.data(), out);

@@ -41,7 +41,7 @@ BasicTensor<T> masked_fill(const BasicTensor<T>& x, const BoolTensor& mask, S va
   REMAT_CHECK(detail::broadcast_shape(x.shape(), mask.shape(), "masked_fill") == x.shape(),
               "masked_fill: mask of shape {} must broadcast to the input's shape {}", mask.shape(), x.shape());
   BasicTensor<T> y = detail::produce<T>(op::masked_fill, x.shape(), static_cast<double>(x.numel()),
-                                        [&] { return detail::masked_select_fill(x, mask, static_cast<T>(value)); });
+                                        {x, mask}, [=] { return detail::masked_select_fill(x, mask, static_cast<T>(value)); });
   if (detail::grad_needed(x))
     detail::record<T>(op::masked_fill, {x}, {&y}, {mask}, [](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::masked_select_fill(ctx.grad_output(), ctx.template saved<bool>(0), T(0)));

@@ -94,7 +94,7 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
     out_shape = Shape(s);
   }
   const double flops = 2.0 * static_cast<double>(out_shape.numel()) * static_cast<double>(K);
-  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, [&] {
+  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, {a, b}, [=] {
     BasicTensor<T> out(out_shape);
     if (fold) {
       detail::gemm(false, tb, N ? out.numel() / N : 0, N, K, a.cdata(), K, b.cdata(), ldb, out.data(), N);

@@ -23,7 +23,7 @@ MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false
   REMAT_CHECK(n > 0, "max: dim {} of shape {} is empty; a maximum needs at least one element", dim, x.shape());
   const Shape out_shape = detail::reduced_shape(x.shape(), d, keepdim);
   auto [values, indices] = detail::produce_all<T, std::int64_t>(
-      op::max_dim, {out_shape, out_shape}, static_cast<double>(x.numel()), [&] {
+      op::max_dim, {out_shape, out_shape}, static_cast<double>(x.numel()), {x}, [=] {
         BasicTensor<T> out_values(out_shape);
         LongTensor out_indices(out_shape);
         const T* px = x.data();

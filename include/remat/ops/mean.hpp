@@ -13,7 +13,7 @@ inline const OpId mean_dim = register_op("mean_dim");
 template <class T>
 BasicTensor<T> mean(const BasicTensor<T>& x) {
   REMAT_CHECK(x.numel() > 0, "mean: the tensor of shape {} has no elements", x.shape());
-  BasicTensor<T> y = detail::produce<T>(op::mean, Shape{}, static_cast<double>(x.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::mean, Shape{}, static_cast<double>(x.numel()), {x}, [=] {
     BasicTensor<T> average(Shape{});
     average.data()[0] = detail::flat(x).mean();
     return average;
@@ -37,7 +37,7 @@ BasicTensor<T> mean(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fa
   const T scale = T(1) / static_cast<T>(n);
   BasicTensor<T> y = detail::produce<T>(op::mean_dim, detail::reduced_shape(x.shape(), d, keepdim),
                                         static_cast<double>(x.numel()),
-                                        [&] { return detail::sum_over_dim(x, d, keepdim, scale); });
+                                        {x}, [=] { return detail::sum_over_dim(x, d, keepdim, scale); });
   if (detail::grad_needed(x))
     detail::record<T>(op::mean_dim, {x}, {&y}, {}, [shape = x.shape(), d, scale](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, scale));

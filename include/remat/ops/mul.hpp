@@ -19,7 +19,7 @@ BasicTensor<T> mul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   auto times = [](const auto& x, const auto& y) { return x * y; };
   const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "mul");
   BasicTensor<T> z = detail::produce<T>(op::mul, shape, static_cast<double>(shape.numel()),
-                                        [&] { return detail::broadcast_apply(a, b, "mul", times); });
+                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "mul", times); });
   if (detail::grad_needed(a, b)) {
     const bool da = a.requires_grad(), db = b.requires_grad();
     std::vector<detail::SavedTensor> saved;

@@ -38,7 +38,7 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
               "narrow: range [{}, {}) is outside dim {} of shape {} (size {})", start, start + length, dim,
               x.shape(), n);
   const Shape shape = x.shape().with(d, length);
-  BasicTensor<T> y = detail::produce<T>(op::narrow, shape, static_cast<double>(shape.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::narrow, shape, static_cast<double>(shape.numel()), {x}, [=] {
     BasicTensor<T> part(shape);
     detail::copy_along(x, start, part, 0, d, length);
     return part;

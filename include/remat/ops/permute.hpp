@@ -59,7 +59,7 @@ BasicTensor<T> permute(const BasicTensor<T>& x, const std::vector<std::int64_t>&
   std::vector<std::int64_t> sizes;
   for (int p : perm) sizes.push_back(x.shape()[p]);
   BasicTensor<T> y = detail::produce<T>(op::permute, Shape(sizes), static_cast<double>(x.numel()),
-                                        [&] { return detail::permuted_copy(x, perm); });
+                                        {x}, [=] { return detail::permuted_copy(x, perm); });
   if (detail::grad_needed(x))
     detail::record<T>(op::permute, {x}, {&y}, {}, [inverse](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::permuted_copy(ctx.grad_output(), inverse));

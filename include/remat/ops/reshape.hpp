@@ -35,7 +35,7 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
   const Shape shape(sizes);
   REMAT_CHECK(shape.numel() == x.numel(), "reshape: shape {} has {} elements, the tensor of shape {} has {}",
               shape, shape.numel(), x.shape(), x.numel());
-  BasicTensor<T> y = detail::produce<T>(op::reshape, shape, 0.0, [&] { return BasicTensor<T>(x.storage(), shape); });
+  BasicTensor<T> y = detail::produce<T>(op::reshape, shape, 0.0, {x}, [=] { return BasicTensor<T>(x.storage(), shape); });
   if (detail::grad_needed(x))
     detail::record<T>(op::reshape, {x}, {&y}, {}, [in = x.shape()](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));

@@ -36,7 +36,7 @@ template <class T>
 BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   detail::check_last_dim(x.shape(), dim, "softmax");
   const std::int64_t c = x.size(-1);
-  BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), {x}, [=] {
     BasicTensor<T> result(x.shape());
     const T* px = x.data();
     T* py = result.data();
@@ -78,7 +78,7 @@ template <class T>
 BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
   detail::check_last_dim(x.shape(), dim, "log_softmax");
   const std::int64_t c = x.size(-1);
-  BasicTensor<T> y = detail::produce<T>(op::log_softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::log_softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), {x}, [=] {
     BasicTensor<T> result(x.shape());
     auto in = detail::rows(x, c);
     auto out = detail::rows(result, c);

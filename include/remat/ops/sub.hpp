@@ -19,7 +19,7 @@ template <class T>
 BasicTensor<T> sub(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "sub");
   BasicTensor<T> z = detail::produce<T>(op::sub, shape, static_cast<double>(shape.numel()),
-                                        [&] { return detail::broadcast_apply(a, b, "sub", [](const auto& x, const auto& y) { return x - y; }); });
+                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "sub", [](const auto& x, const auto& y) { return x - y; }); });
   if (detail::grad_needed(a, b))
     detail::record<T>(op::sub, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
       const BasicTensor<T>& dz = ctx.grad_output();

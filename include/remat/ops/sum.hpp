@@ -12,7 +12,7 @@ inline const OpId sum_dim = register_op("sum_dim");
 /// y = Σ x over all elements, a scalar (rank 0).  dx = dy everywhere.  Saves: nothing.
 template <class T>
 BasicTensor<T> sum(const BasicTensor<T>& x) {
-  BasicTensor<T> y = detail::produce<T>(op::sum, Shape{}, static_cast<double>(x.numel()), [&] {
+  BasicTensor<T> y = detail::produce<T>(op::sum, Shape{}, static_cast<double>(x.numel()), {x}, [=] {
     BasicTensor<T> total(Shape{});
     total.data()[0] = detail::flat(x).sum();
     return total;
@@ -33,7 +33,7 @@ BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fal
   const int d = x.shape().dim(dim, "sum");
   BasicTensor<T> y = detail::produce<T>(op::sum_dim, detail::reduced_shape(x.shape(), d, keepdim),
                                         static_cast<double>(x.numel()),
-                                        [&] { return detail::sum_over_dim(x, d, keepdim, T(1)); });
+                                        {x}, [=] { return detail::sum_over_dim(x, d, keepdim, T(1)); });
   if (detail::grad_needed(x))
     detail::record<T>(op::sum_dim, {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));

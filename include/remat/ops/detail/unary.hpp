@@ -23,7 +23,7 @@ enum class UnarySaves { nothing, input, output };
 /// y = forward(x); dx = backward(dy) or backward(dy, saved), with saved = x or y as `Saves` says.
 template <UnarySaves Saves, class T, class Forward, class Backward>
 BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
-  BasicTensor<T> y = produce<T>(op, x.shape(), static_cast<double>(x.numel()), [&] {
+  BasicTensor<T> y = produce<T>(op, x.shape(), static_cast<double>(x.numel()), {x}, [=] {
     BasicTensor<T> out(x.shape());
     map_elements(out, forward, x);
     return out;

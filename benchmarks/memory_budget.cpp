@@ -1,0 +1,187 @@
+// Step time against a hard memory budget (MemoryBudget), next to hand-placed checkpointing at the
+// same memory. One JSON line per setting, for benchmarks/memory_budget.py.
+//   memory_budget --model gpt|unet --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
+//                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2
+// Every setting runs its steps in each round, settings alternating within a round; medians are
+// taken over all rounds. Budgets are fractions of the no-checkpoint step's peak saved bytes, and
+// also each hand-placed policy's own measured peak (the equal-memory comparison). A budget below
+// the least feasible one prints that least instead of a time. "budget+plan" replays the static plan
+// of the budgeted step's first run.
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+
+#include "flags.hpp"
+
+namespace {
+
+using namespace remat;
+
+/// The U-Net-like stack of the tests, larger: each down block's output feeds its up block.
+struct UNetLike : nn::Module {
+  std::vector<std::unique_ptr<nn::Linear>> down, up;
+  std::vector<std::unique_ptr<nn::LayerNorm>> norms;
+  std::unique_ptr<nn::Linear> bottom, head;
+  double p;
+
+  UNetLike(int levels, std::int64_t width, double dropout, Generator& g) : p(dropout) {
+    for (int i = 0; i < levels; ++i) {
+      down.push_back(std::make_unique<nn::Linear>(width, width, true, g));
+      up.push_back(std::make_unique<nn::Linear>(width, width, true, g));
+      norms.push_back(std::make_unique<nn::LayerNorm>(width));
+      register_module("down" + std::to_string(i), *down.back());
+      register_module("up" + std::to_string(i), *up.back());
+      register_module("norm" + std::to_string(i), *norms.back());
+    }
+    bottom = std::make_unique<nn::Linear>(width, width, true, g);
+    head = std::make_unique<nn::Linear>(width, width, true, g);
+    register_module("bottom", *bottom);
+    register_module("head", *head);
+  }
+
+  Tensor forward(const Tensor& x) {
+    std::vector<Tensor> skips;
+    Tensor h = x;
+    for (auto& d : down) {
+      h = dropout(gelu((*d)(h)), p);
+      skips.push_back(h);
+    }
+    h = tanh((*bottom)(h));
+    for (std::size_t k = up.size(); k-- > 0;) h = (*norms[k])(gelu((*up[k])(h)) + skips[k]);
+    return (*head)(h);
+  }
+};
+
+struct Setting {
+  explicit Setting(std::string p, std::size_t bytes = 0, std::string from = {})
+      : policy(std::move(p)), budget(bytes), at(std::move(from)) {}
+  std::string policy;          // none, a hand-placed policy, budget or budget+plan
+  std::size_t budget;          // for budget settings
+  std::string at;              // what the budget was derived from: a fraction or a hand policy
+  std::vector<double> ms;
+  std::size_t peak = 0;
+  BudgetLog log;
+  std::optional<RematPlan> plan;
+  std::size_t infeasible_least = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  bench::Flags a = bench::parse_flags(
+      argc, argv,
+      {{"model", "gpt"}, {"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"}, {"batch", "8"},
+       {"vocab", "256"}, {"dropout", "0.1"}, {"fractions", "1,0.9,0.8,0.7,0.6,0.5,0.4,0.3,0.2,0.1"},
+       {"hand", "blocks,sqrt"}, {"rounds", "3"}, {"steps", "2"}},
+      "memory_budget");
+  Generator gen(0);
+  const bool gpt_model = a["model"] == "gpt";
+  REMAT_CHECK(gpt_model || a["model"] == "unet", "memory_budget: --model is gpt or unet, got {}", a["model"]);
+  std::unique_ptr<nn::GPT> gpt;
+  std::unique_ptr<UNetLike> unet;
+  LongTensor idx, targets;
+  Tensor x;
+  if (gpt_model) {
+    gpt = std::make_unique<nn::GPT>(bench::gpt_config(a, std::stod(a["dropout"])), gen);
+    idx = randint(0, gpt->config.vocab_size, {std::stoll(a["batch"]), gpt->config.block_size}, gen);
+    targets = randint(0, gpt->config.vocab_size, {std::stoll(a["batch"]), gpt->config.block_size}, gen);
+  } else {
+    unet = std::make_unique<UNetLike>(static_cast<int>(std::stoll(a["layers"])), std::stoll(a["width"]),
+                                      std::stod(a["dropout"]), gen);
+    x = randn({std::stoll(a["batch"]) * std::stoll(a["context"]), std::stoll(a["width"])}, gen);
+  }
+  nn::Module& model = gpt_model ? static_cast<nn::Module&>(*gpt) : static_cast<nn::Module&>(*unet);
+  optim::SGD sgd(model.parameters(), {1e-4});
+  auto loss = [&] { return gpt_model ? gpt->loss(idx, targets) : mean(unet->forward(x) * unet->forward(x)); };
+
+  // One step of a setting; returns its time in ms.
+  auto run = [&](Setting& s, bool record) {
+    if (gpt_model) {
+      const bool budgeted = s.policy == "budget" || s.policy == "budget+plan";
+      apply_checkpointing(*gpt, budgeted || s.policy == "none" ? Checkpointing::none() : policy::parse(s.policy));
+    }
+    const std::size_t base = memory_stats().saved_bytes;
+    MemoryScope scope;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      std::optional<MemoryBudget> guard;
+      if (s.policy == "budget+plan") guard.emplace(*s.plan);
+      else if (s.policy == "budget") guard.emplace(s.budget);
+      loss().backward();
+      if (guard) s.log = guard->last_log();
+    }
+    sgd.step();
+    sgd.zero_grad();
+    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (record) {
+      s.ms.push_back(t);
+      s.peak = std::max(s.peak, scope.peak_saved_bytes() - base);
+    }
+  };
+
+  std::vector<Setting> settings;
+  Setting none{"none"};
+  run(none, true);
+  const std::size_t free_peak = none.peak;
+  settings.push_back(none);
+  std::vector<Setting> hand;
+  if (gpt_model) {
+    std::stringstream list(a["hand"]);
+    for (std::string p; std::getline(list, p, ',');) {
+      Setting h{p};
+      run(h, true);
+      hand.push_back(h);
+      settings.push_back(h);
+    }
+  }
+  auto add_budget = [&](std::size_t bytes, const std::string& at) {
+    Setting s{"budget", bytes, at};
+    try {
+      run(s, false);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      const auto p = m.find("works for this step is ");
+      s.infeasible_least = p == std::string::npos ? 0 : std::stoull(m.substr(p + 23));
+      fmt::print("{{\"model\": \"{}\", \"policy\": \"budget\", \"at\": \"{}\", \"budget\": {}, \"free_peak\": {}, "
+                 "\"infeasible_least\": {}}}\n", a["model"], at, bytes, free_peak, s.infeasible_least);
+      return;
+    }
+    s.plan = RematPlan::from(s.log);
+    settings.push_back(s);
+    Setting planned = s;
+    planned.policy = "budget+plan";
+    settings.push_back(planned);
+  };
+  std::stringstream fractions(a["fractions"]);
+  for (std::string f; std::getline(fractions, f, ',');)
+    add_budget(static_cast<std::size_t>(std::stod(f) * static_cast<double>(free_peak)), f);
+  for (const Setting& h : hand) add_budget(h.peak, h.policy);
+
+  for (Setting& s : settings) s.ms.clear();
+  const int rounds = std::stoi(a["rounds"]), steps = std::stoi(a["steps"]);
+  for (int r = 0; r < rounds; ++r)
+    for (Setting& s : settings)
+      for (int i = 0; i < steps; ++i) run(s, true);
+
+  for (const Setting& s : settings)
+    fmt::print("{{\"model\": \"{}\", \"policy\": \"{}\", \"at\": \"{}\", \"budget\": {}, \"free_peak\": {}, "
+               "\"saved_peak\": {}, \"ms\": [{:.3f}], \"median_ms\": {:.3f}, \"discards\": {}, \"recomputes\": {}, "
+               "\"recomputed_gflop\": {:.4f}, \"decisions\": {}, \"threads\": {}}}\n",
+               a["model"], s.policy, s.at, s.budget, free_peak, s.peak, fmt::join(s.ms, ", "), median(s.ms),
+               s.log.discards, s.log.recomputes, s.log.recomputed_flops / 1e9, s.log.decisions, get_num_threads());
+  return 0;
+} catch (const remat::Error& e) {
+  fmt::print(stderr, "{}\n", e.what());
+  return 2;
+}

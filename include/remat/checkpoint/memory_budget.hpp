@@ -1,0 +1,504 @@
+#pragma once
+// MemoryBudget: a hard limit on the bytes saved for backward, for any graph the tape records.
+//
+//   { remat::MemoryBudget budget(512 << 20); loss = model.loss(x, y); loss.backward(); }
+//
+// While it lives, every op output computed for a recorded graph is registered with how to compute
+// it again (the op's own compute, holding its inputs and, for a random op, the generator state it
+// drew at). Before bytes join the saved-for-backward books, the budget discards registered outputs
+// until they fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x
+// staleness) goes first — and a discarded output is recomputed, its discarded inputs first, when
+// something reads it. Leaves, parameters, tensors the user holds and tensors an op or a backward is
+// reading are never discarded. The discards of a step are logged, and the log of one step is a
+// static plan the next steps replay without searching (training steps repeat).
+//
+// A budget below what the step needs is a remat::Error at the end of that step's backward, naming
+// the smallest budget that worked (measured); the step's gradients are complete and exact all the
+// same, and the next step can retry with that budget.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "remat/checkpoint/error.hpp"
+#include "remat/checkpoint/replay.hpp"
+#include "remat/core/autograd.hpp"
+#include "remat/core/hash.hpp"
+#include "remat/core/memory.hpp"
+#include "remat/core/op_output.hpp"
+#include "remat/core/timeline.hpp"
+
+namespace remat {
+
+/// One decision or consequence of a budgeted step.
+struct BudgetEvent {
+  enum class Kind { discard, recompute, overflow };
+  Kind kind;
+  std::size_t moment = 0;  ///< which request for room of the step (discard, overflow)
+  std::size_t op_index = 0;  ///< the op invocation, counted from 0 among those the step registered
+  std::size_t output = 0;  ///< which of its outputs
+  std::string op;          ///< its name
+  std::size_t bytes = 0;   ///< discarded or recomputed bytes; for overflow, the bytes the moment needed
+  double flops = 0;        ///< recompute cost: estimated (discard) or spent (recompute)
+
+  std::string str() const {
+    switch (kind) {
+      case Kind::discard:
+        return fmt::format("discard   #{}.{} {:<22} {:>12} B   rebuild {:.3g} flop  (request {})", op_index, output, op,
+                           bytes, flops, moment);
+      case Kind::recompute:
+        return fmt::format("recompute #{}.{} {:<22} {:>12} B   {:.3g} flop", op_index, output, op, bytes, flops);
+      case Kind::overflow:
+        return fmt::format("overflow  request {}: {} B saved needed with nothing left to discard", moment, bytes);
+    }
+    return {};
+  }
+};
+
+/// What one budgeted step decided and did.
+struct BudgetLog {
+  std::size_t budget = 0;
+  std::vector<BudgetEvent> events;
+  std::size_t discards = 0, recomputes = 0;
+  double recomputed_flops = 0;
+  /// Searches for what to discard (the run-time heuristic). A step replaying a plan makes none.
+  std::size_t decisions = 0;
+  /// Discards a plan named that the step could not carry out (the step differed from the plan's).
+  std::size_t plan_misses = 0;
+  std::size_t peak_saved_bytes = 0;  ///< of the saved-for-backward books during the step
+
+  std::string str() const {
+    std::string out = fmt::format("memory budget {} B: peak saved {} B, {} discards, {} recomputes ({:.3g} flop), "
+                                  "{} decisions\n", budget, peak_saved_bytes, discards, recomputes, recomputed_flops,
+                                  decisions);
+    for (const BudgetEvent& e : events) out += "  " + e.str() + "\n";
+    return out;
+  }
+};
+
+/// A static plan: what to discard at which request for room, taken from one step's log. Replayed by
+/// a MemoryBudget in later steps of the same shape, it makes the same discards without searching.
+struct RematPlan {
+  struct Discard {
+    std::size_t moment, op_index, output;
+  };
+  std::size_t budget = 0;
+  std::vector<Discard> discards;  ///< in order of moment
+
+  static RematPlan from(const BudgetLog& log) {
+    RematPlan plan;
+    plan.budget = log.budget;
+    for (const BudgetEvent& e : log.events)
+      if (e.kind == BudgetEvent::Kind::discard) plan.discards.push_back({e.moment, e.op_index, e.output});
+    return plan;
+  }
+};
+
+/// RAII: while it lives, the bytes saved for backward on this thread's graphs stay at or under the
+/// budget (the library's saved-for-backward books, memory_stats().saved_bytes). One per thread at
+/// a time. Run both forward and backward inside it: when it ends, outputs still discarded and still
+/// needed by a graph kept for another backward are recomputed, without a budget.
+class MemoryBudget final : public OpOutputHook, public detail::Residency {
+ public:
+  explicit MemoryBudget(std::size_t bytes) : budget_(bytes), owner_(std::this_thread::get_id()) {
+    REMAT_CHECK(detail::active_residency() == nullptr,
+                "MemoryBudget: another budget is active on this thread; budgets do not nest");
+    detail::active_residency() = this;
+    begin_step();
+  }
+  /// A budget that replays `plan` (from an earlier step's log) instead of searching.
+  explicit MemoryBudget(RematPlan plan) : MemoryBudget(plan.budget) { plan_ = std::move(plan); }
+
+  ~MemoryBudget() override {
+    detail::active_residency() = nullptr;
+    closing_ = true;
+    prune();
+    // What is still registered is needed by a graph kept for another backward (or never run):
+    // bring back what was discarded, oldest first, then let go of every storage.
+    std::vector<std::shared_ptr<Recipe>> left = recipes();
+    std::sort(left.begin(), left.end(), [](const auto& a, const auto& b) { return a->order < b->order; });
+    for (const auto& r : left)
+      for (const auto& w : r->outputs)
+        if (auto s = w.lock(); s && !s->resident()) {
+          try {
+            rebuild(*s);
+          } catch (...) {
+            // Left discarded: reading it later is a remat::Error (memory.hpp), not a crash.
+          }
+        }
+    auto entries = std::move(entries_);
+    entries_.clear();
+    for (auto& [storage, entry] : entries) const_cast<detail::Storage*>(storage)->attach(nullptr);
+    entries.clear();  // recipes go here, releasing what they held
+  }
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  std::size_t budget() const { return budget_; }
+  /// The log of the step in progress (since the budget began or the last backward ended).
+  const BudgetLog& log() const { return log_; }
+  /// The log of the last step that ended with a backward.
+  const BudgetLog& last_log() const { return last_log_; }
+  /// The last completed step's decisions as a static plan.
+  RematPlan plan() const { return RematPlan::from(last_log_); }
+  /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
+  std::size_t least_feasible_bytes() const { return last_least_; }
+
+  // --- op-output hook -------------------------------------------------------------------------
+  bool wants_recompute() const override { return registering(); }
+
+  void recomputable(const OpOutput& out, const std::vector<detail::TensorRef>& values, Recompute how) override {
+    if (!registering()) return;
+    auto recipe = std::make_shared<Recipe>();
+    recipe->op = out.op;
+    recipe->flops = out.flops;
+    recipe->weight = out.flops + kFlopsPerOutputByte * static_cast<double>(out.bytes);
+    recipe->order = next_order_++;
+    recipe->index = by_index_.size();
+    recipe->outputs.resize(values.size());
+    recipe->versions.resize(values.size());
+    bool any = false;
+    const std::uint64_t now = ++clock_;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      detail::Storage* s = values[i].storage.get();
+      // A view of an input (reshape) is not this op's to recompute; nor is an empty tensor.
+      if (s->serial() < how.first_new_serial || s->residency() != nullptr || s->bytes() == 0) continue;
+      recipe->outputs[i] = values[i].storage;
+      recipe->versions[i] = s->version();
+      entries_[s] = Entry{recipe, i, now};
+      s->attach(this);
+      any = true;
+    }
+    by_index_.push_back(recipe);
+    if (!any) return;
+    recipe->how = std::move(how);
+    for (std::size_t i = 0; i < recipe->how.reads.size(); ++i) {
+      detail::Storage& in = *recipe->how.reads[i];
+      in.bookkeeping_refs() += recipe->how.held_by_compute[i];
+      in.retain_saved();  // an input kept for recomputation is held for backward too
+      if (auto it = entries_.find(&in); it != entries_.end()) it->second.last_use = now;
+    }
+    recipe->holds = true;
+  }
+
+  // --- residency ------------------------------------------------------------------------------
+  void* access(detail::Storage& s) override {
+    if (!s.resident()) rebuild(s);
+    return s.raw_data();
+  }
+
+  void used(detail::Storage& s) override {
+    if (auto it = entries_.find(&s); it != entries_.end()) it->second.last_use = ++clock_;
+  }
+
+  void forget(detail::Storage& s) noexcept override {
+    hashes_.erase(&s);
+    auto node = entries_.extract(&s);  // the recipe (and what it holds) may go when `node` does
+  }
+
+  double rebuild_cost(const detail::Storage& s) const override {
+    auto it = entries_.find(&s);
+    return it == entries_.end() ? 0.0 : flops_to_rebuild(*it->second.recipe);
+  }
+
+  void make_room(std::size_t bytes, const detail::Storage* incoming) override {
+    if (closing_) return;
+    const std::size_t moment = moment_++;
+    std::size_t saved = memory_stats().saved_bytes;
+    if (plan_) {
+      while (next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment < moment) ++next_planned_;
+      for (; next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment == moment; ++next_planned_) {
+        const RematPlan::Discard& d = plan_->discards[next_planned_];
+        detail::Storage* s = planned(d, incoming);
+        if (!s) {
+          ++log_.plan_misses;
+          continue;
+        }
+        saved -= s->bytes();
+        discard(*s, moment);
+      }
+    }
+    while (saved + bytes > budget_) {
+      ++log_.decisions;
+      detail::Storage* victim = choose(incoming);
+      if (!victim) {
+        // Nothing left to discard: the step needs more than the budget. Go on (the gradients stay
+        // exact), discarding all that can be at every later moment too, so that the most any moment
+        // needs is measured with the least kept: that is the budget the error reports.
+        const std::size_t needed = saved + bytes;
+        if (!over_)
+          first_over_ = fmt::format("first during {}: {} B would be saved with {} B arriving, and nothing left could "
+                                    "be discarded", detail::autograd_state().backward_depth > 0 ? "backward" : "forward",
+                                    needed, bytes);
+        over_ = true;
+        least_ = std::max(least_, needed);
+        log_.events.push_back({BudgetEvent::Kind::overflow, moment, 0, 0, {}, needed, 0});
+        break;
+      }
+      saved -= victim->bytes();
+      discard(*victim, moment);
+    }
+  }
+
+  void backward_ended(bool completed) override {
+    prune();
+    finish_step();
+    if (completed && last_over_)
+      throw Error(fmt::format(
+          "MemoryBudget: the step needs more than the budget of {} B saved for backward ({}). The smallest budget "
+          "that works for this step is {} B (measured); the step's gradients are complete and exact",
+          budget_, last_first_over_, last_least_));
+  }
+
+ private:
+  struct Recipe {
+    OpId op;
+    double flops = 0;
+    double weight = 0;  // what the heuristic counts: flops, and the memory-bound part of the op
+    std::uint64_t order = 0;  // across steps, for pruning newest first
+    std::size_t index = 0;    // within its step, for plans and logs
+    Recompute how;
+    std::vector<std::weak_ptr<detail::Storage>> outputs;
+    std::vector<std::uint64_t> versions;
+    bool holds = false;  // whether it retained its reads
+
+    ~Recipe() {
+      if (!holds) return;
+      for (std::size_t i = 0; i < how.reads.size(); ++i) {
+        how.reads[i]->bookkeeping_refs() -= how.held_by_compute[i];
+        how.reads[i]->release_saved();
+      }
+    }
+  };
+  struct Entry {
+    std::shared_ptr<Recipe> recipe;
+    std::size_t output = 0;
+    std::uint64_t last_use = 0;
+  };
+
+  /// Register what ops compute for a graph being recorded: the forward, and a replay's nested tape
+  /// (not what a backward function computes for its gradients).
+  bool registering() const {
+    const detail::AutogradState& st = detail::autograd_state();
+    return !closing_ && st.grad_enabled && st.recording && (st.backward_depth == 0 || st.replay_depth > 0);
+  }
+
+  /// The heuristic's price of an output byte, in flops: element-wise ops move bytes at a few
+  /// hundred flops' worth of a GEMM's time each (dropout's random numbers more), so an op's flops
+  /// alone make the residual stream look free to rebuild. Measured: at 447 GFLOP/s a GEMM spends
+  /// 2.2 ps a flop; dropout_add spends about 1.5 ns an element (Philox included).
+  static constexpr double kFlopsPerOutputByte = 150.0;
+
+  using CostMemo = std::unordered_map<const Recipe*, double>;
+
+  /// What recomputing a recipe's outputs now would cost: its flops, and those of every discarded
+  /// input it would have to recompute first, recursively (DTR's evicted neighbourhood, ancestors
+  /// side). A discarded residual stream is cheap to add again but not to rebuild from scratch.
+  double cost(const Recipe& r, CostMemo& memo, double Recipe::*measure = &Recipe::weight) const {
+    if (auto it = memo.find(&r); it != memo.end()) return it->second;
+    double c = r.*measure;
+    memo[&r] = c;  // an input shared along two paths counts once per path at most
+    for (const auto& in : r.how.reads)
+      if (!in->resident())
+        if (auto it = entries_.find(in.get()); it != entries_.end()) c += cost(*it->second.recipe, memo, measure);
+    memo[&r] = c;
+    return c;
+  }
+  /// The flops recomputing a recipe's outputs now would take (for logs and reports).
+  double flops_to_rebuild(const Recipe& r) const {
+    CostMemo memo;
+    return cost(r, memo, &Recipe::flops);
+  }
+
+  bool discardable(const detail::Storage& s, const Entry& e, const std::weak_ptr<detail::Storage>& w,
+                   const detail::Storage* incoming) const {
+    if (&s == incoming || !s.resident() || s.saved_refs() == 0) return false;
+    if (s.version() != e.recipe->versions[e.output]) return false;  // written in place since
+    // Held by nothing but saved lists and the budget's own recipes: no user handle, no op or
+    // backward reading it now.
+    return w.use_count() == s.saved_refs() + s.bookkeeping_refs();
+  }
+
+  detail::Storage* choose(const detail::Storage* incoming) const {
+    detail::Storage* best = nullptr;
+    double best_score = std::numeric_limits<double>::infinity();
+    std::pair<std::size_t, std::size_t> best_key{};
+    CostMemo memo;
+    for (const auto& [ptr, e] : entries_) {
+      auto* s = const_cast<detail::Storage*>(ptr);
+      if (!discardable(*s, e, e.recipe->outputs[e.output], incoming)) continue;
+      const double staleness = static_cast<double>(clock_ - e.last_use + 1);
+      const double score = cost(*e.recipe, memo) / (static_cast<double>(s->bytes()) * staleness);
+      const std::pair<std::size_t, std::size_t> key{e.recipe->order, e.output};
+      if (score < best_score || (score == best_score && key < best_key)) {
+        best = s;
+        best_score = score;
+        best_key = key;
+      }
+    }
+    return best;
+  }
+
+  detail::Storage* planned(const RematPlan::Discard& d, const detail::Storage* incoming) const {
+    if (d.op_index >= by_index_.size()) return nullptr;
+    const std::shared_ptr<Recipe> r = by_index_[d.op_index].lock();
+    if (!r || d.output >= r->outputs.size()) return nullptr;
+    auto s = r->outputs[d.output].lock();
+    if (!s) return nullptr;
+    auto it = entries_.find(s.get());
+    if (it == entries_.end()) return nullptr;
+    detail::Storage* p = s.get();
+    const std::weak_ptr<detail::Storage> w = s;
+    s.reset();
+    return discardable(*p, it->second, w, incoming) ? p : nullptr;
+  }
+
+  void discard(detail::Storage& s, std::size_t moment) {
+    const Entry& e = entries_.at(&s);
+    if (detail::checkpoint_checking_flag())
+      hashes_[&s] = detail::fnv1a(s.raw_data(), s.bytes());
+    log_.events.push_back({BudgetEvent::Kind::discard, moment, e.recipe->index, e.output, e.recipe->op.name(),
+                           s.bytes(), flops_to_rebuild(*e.recipe)});
+    ++log_.discards;
+    s.discard();
+  }
+
+  void rebuild(detail::Storage& s) {
+    REMAT_CHECK(std::this_thread::get_id() == owner_,
+                "MemoryBudget: a discarded tensor was read on another thread than the budget's; recomputation "
+                "runs on the thread that records the graph");
+    auto it = entries_.find(&s);
+    REMAT_ASSERT(it != entries_.end());
+    const std::shared_ptr<Recipe> r = it->second.recipe;
+    // Inputs first (recursively), each held from its turn until the compute has run, so none is
+    // discarded while it reads them (and, as in pin_saved, one still waiting may make room).
+    std::vector<std::shared_ptr<detail::Storage>> inputs;
+    for (const auto& in : r->how.reads) {
+      inputs.push_back(in);
+      in->data();
+    }
+    // Held: the outputs this recomputation brings back (a resident sibling stays discardable).
+    std::vector<std::shared_ptr<detail::Storage>> outputs;
+    for (const auto& w : r->outputs) {
+      auto o = w.lock();
+      outputs.push_back(o && !o->resident() ? o : nullptr);
+    }
+    std::vector<detail::TensorRef> fresh;
+    {
+      OpOutputHook::Suspended quiet;
+      detail::TimelineSpan span(r->op.name(), "rebuild");
+      fresh = r->how.compute();
+    }
+    const std::uint64_t now = ++clock_;
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      detail::Storage* o = outputs[i].get();
+      if (!o) continue;
+      o->adopt(*fresh[i].storage);
+      if (auto h = hashes_.find(o); h != hashes_.end()) {
+        const bool same = detail::fnv1a(o->raw_data(), o->bytes()) == h->second;
+        hashes_.erase(h);
+        if (!same)
+          throw CheckpointError(fmt::format("MemoryBudget: recomputing output {} of '{}' gave different values than "
+                                            "its first computation; the op depends on state that changed since",
+                                            i, r->op.name()));
+      }
+      if (auto e = entries_.find(o); e != entries_.end()) e->second.last_use = now;
+      log_.events.push_back({BudgetEvent::Kind::recompute, moment_, r->index, i, r->op.name(), o->bytes(), r->flops});
+      ++log_.recomputes;
+      log_.recomputed_flops += r->flops;
+    }
+  }
+
+  std::vector<std::shared_ptr<Recipe>> recipes() const {
+    std::vector<std::shared_ptr<Recipe>> out;
+    for (const auto& [s, e] : entries_)
+      if (std::find(out.begin(), out.end(), e.recipe) == out.end()) out.push_back(e.recipe);
+    return out;
+  }
+
+  /// Lets go of recipes no backward can need: none of their outputs is saved by anything but
+  /// recipes, nor read by a recipe still needed. Newest first, since an op's inputs are older.
+  void prune() {
+    std::vector<std::shared_ptr<Recipe>> all = recipes();
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->order > b->order; });
+    std::unordered_map<const detail::Storage*, int> recipe_holds;
+    for (const auto& r : all)
+      for (const auto& in : r->how.reads) ++recipe_holds[in.get()];
+    std::unordered_map<const detail::Storage*, bool> needed_input;
+    std::vector<std::shared_ptr<Recipe>> drop;
+    for (const auto& r : all) {
+      bool needed = false;
+      for (const auto& w : r->outputs) {
+        auto s = w.lock();
+        if (!s) continue;
+        auto h = recipe_holds.find(s.get());
+        const int by_recipes = h == recipe_holds.end() ? 0 : h->second;
+        if (s->saved_refs() > by_recipes || needed_input.count(s.get())) needed = true;
+      }
+      if (needed) {
+        for (const auto& in : r->how.reads) needed_input[in.get()] = true;
+      } else {
+        drop.push_back(r);
+      }
+    }
+    for (const auto& r : drop)
+      for (const auto& w : r->outputs)
+        if (auto s = w.lock(); s && s->residency() == this) {
+          entries_.erase(s.get());
+          s->attach(nullptr);
+        }
+    drop.clear();  // what only they held goes now
+  }
+
+  void begin_step() {
+    log_ = BudgetLog{};
+    log_.budget = budget_;
+    by_index_.clear();
+    moment_ = 0;
+    next_planned_ = 0;
+    over_ = false;
+    least_ = 0;
+    hashes_.clear();
+    scope_.emplace();
+  }
+
+  void finish_step() {
+    log_.peak_saved_bytes = scope_->peak_saved_bytes();
+    last_log_ = std::move(log_);
+    last_over_ = over_;
+    last_least_ = over_ ? least_ : 0;
+    last_first_over_ = first_over_;
+    scope_.reset();
+    begin_step();
+  }
+
+  std::size_t budget_;
+  std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
+  std::thread::id owner_;
+  std::optional<RematPlan> plan_;
+  std::size_t next_planned_ = 0;
+  std::unordered_map<const detail::Storage*, Entry> entries_;
+  std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order
+  std::unordered_map<const detail::Storage*, std::uint64_t> hashes_;  // under checkpoint checking
+  std::uint64_t clock_ = 0;
+  std::uint64_t next_order_ = 0;
+  std::size_t moment_ = 0;
+  bool closing_ = false;
+  bool over_ = false, last_over_ = false;
+  std::size_t last_least_ = 0;
+  std::string first_over_, last_first_over_;
+  BudgetLog log_, last_log_;
+  std::optional<MemoryScope> scope_;
+};
+
+}  // namespace remat
