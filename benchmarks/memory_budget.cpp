@@ -118,7 +118,14 @@ int main(int argc, char** argv) try {
       std::optional<MemoryBudget> guard;
       if (s.policy == "budget+plan") guard.emplace(*s.plan);
       else if (s.policy == "budget") guard.emplace(s.budget);
-      loss().backward();
+      try {
+        loss().backward();
+      } catch (const Error&) {
+        if (!guard || guard->least_feasible_bytes() == 0) throw;
+        s.infeasible_least = guard->least_feasible_bytes();
+        s.plan = guard->plan();
+        return;
+      }
       if (guard) s.log = guard->last_log();
     }
     sgd.step();
@@ -145,16 +152,17 @@ int main(int argc, char** argv) try {
       settings.push_back(h);
     }
   }
+  std::optional<Setting> at_least;  // the least feasible budget, replaying the plan that measured it
   auto add_budget = [&](std::size_t bytes, const std::string& at) {
     Setting s{"budget", bytes, at};
-    try {
-      run(s, false);
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      const auto p = m.find("works for this step is ");
-      s.infeasible_least = p == std::string::npos ? 0 : std::stoull(m.substr(p + 23));
+    run(s, false);
+    if (s.infeasible_least) {
       fmt::print("{{\"model\": \"{}\", \"policy\": \"budget\", \"at\": \"{}\", \"budget\": {}, \"free_peak\": {}, "
                  "\"infeasible_least\": {}}}\n", a["model"], at, bytes, free_peak, s.infeasible_least);
+      if (!at_least || s.infeasible_least < at_least->budget) {
+        at_least.emplace("budget+plan", s.infeasible_least, "least");
+        at_least->plan = s.plan;
+      }
       return;
     }
     s.plan = RematPlan::from(s.log);
@@ -167,6 +175,7 @@ int main(int argc, char** argv) try {
   for (std::string f; std::getline(fractions, f, ',');)
     add_budget(static_cast<std::size_t>(std::stod(f) * static_cast<double>(free_peak)), f);
   for (const Setting& h : hand) add_budget(h.peak, h.policy);
+  if (at_least) settings.push_back(*at_least);
 
   for (Setting& s : settings) s.ms.clear();
   const int rounds = std::stoi(a["rounds"]), steps = std::stoi(a["steps"]);

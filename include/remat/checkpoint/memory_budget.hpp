@@ -76,6 +76,8 @@ struct BudgetLog {
   /// Discards a plan named that the step could not carry out (the step differed from the plan's).
   std::size_t plan_misses = 0;
   std::size_t peak_saved_bytes = 0;  ///< of the saved-for-backward books during the step
+  /// When the step did not fit: the budget its decisions (this log) fit, measured; else 0.
+  std::size_t least_feasible = 0;
 
   std::string str() const {
     std::string out = fmt::format("memory budget {} B: peak saved {} B, {} discards, {} recomputes ({:.3g} flop), "
@@ -95,9 +97,11 @@ struct RematPlan {
   std::size_t budget = 0;
   std::vector<Discard> discards;  ///< in order of moment
 
+  /// The plan of a logged step, under its budget — or, for a step that did not fit, under the
+  /// least budget its decisions fit (so replaying it is the retry that is sure to succeed).
   static RematPlan from(const BudgetLog& log) {
     RematPlan plan;
-    plan.budget = log.budget;
+    plan.budget = std::max(log.budget, log.least_feasible);
     for (const BudgetEvent& e : log.events)
       if (e.kind == BudgetEvent::Kind::discard) plan.discards.push_back({e.moment, e.op_index, e.output});
     return plan;
@@ -110,7 +114,7 @@ struct RematPlan {
 /// needed by a graph kept for another backward are recomputed, without a budget.
 class MemoryBudget final : public OpOutputHook, public detail::Residency {
  public:
-  explicit MemoryBudget(std::size_t bytes) : budget_(bytes), owner_(std::this_thread::get_id()) {
+  explicit MemoryBudget(std::size_t bytes) : budget_(bytes), limit_(bytes), owner_(std::this_thread::get_id()) {
     REMAT_CHECK(detail::active_residency() == nullptr,
                 "MemoryBudget: another budget is active on this thread; budgets do not nest");
     detail::active_residency() = this;
@@ -228,13 +232,16 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
         discard(*s, moment);
       }
     }
-    while (saved + bytes > budget_) {
+    while (saved + bytes > limit_) {
       ++log_.decisions;
       detail::Storage* victim = choose(incoming);
       if (!victim) {
         // Nothing left to discard: the step needs more than the budget. Go on (the gradients stay
-        // exact), discarding all that can be at every later moment too, so that the most any moment
-        // needs is measured with the least kept: that is the budget the error reports.
+        // exact) under a limit raised to what this moment needed, so the rest of the step costs
+        // what it would under that budget; the highest limit reached is the budget the error
+        // names, and this step's decisions (plan()) fit it exactly. (Discarding all that can be
+        // instead, to measure the need with the least kept, recomputes ancestries again and again:
+        // minutes for a step of a small GPT.)
         const std::size_t needed = saved + bytes;
         if (!over_)
           first_over_ = fmt::format("first during {}: {} B would be saved with {} B arriving, and nothing left could "
@@ -242,6 +249,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
                                     needed, bytes);
         over_ = true;
         least_ = std::max(least_, needed);
+        limit_ = least_;
         log_.events.push_back({BudgetEvent::Kind::overflow, moment, 0, 0, {}, needed, 0});
         break;
       }
@@ -256,8 +264,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     if (completed && last_over_)
       throw Error(fmt::format(
           "MemoryBudget: the step needs more than the budget of {} B saved for backward ({}). The smallest budget "
-          "that works for this step is {} B (measured); the step's gradients are complete and exact",
-          budget_, last_first_over_, last_least_));
+          "that works for this step is {} B (measured: the step went on under a limit raised to each moment's need; "
+          "MemoryBudget(budget.plan()) replays its decisions within that budget); the step's gradients are complete "
+          "and exact", budget_, last_first_over_, last_least_));
   }
 
  private:
@@ -381,11 +390,21 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     REMAT_ASSERT(it != entries_.end());
     const std::shared_ptr<Recipe> r = it->second.recipe;
     // Inputs first (recursively), each held from its turn until the compute has run, so none is
-    // discarded while it reads them (and, as in pin_saved, one still waiting may make room).
+    // discarded while it reads them (and, as in pin_saved, one still waiting may make room). The
+    // dearest to recompute go first, while this frame holds nothing yet: a discarded residual
+    // stream then does not recurse under the held inputs of every block above it.
+    std::vector<std::pair<double, std::size_t>> order;
+    CostMemo memo;
+    for (std::size_t i = 0; i < r->how.reads.size(); ++i) {
+      const detail::Storage& in = *r->how.reads[i];
+      auto e = in.resident() ? entries_.end() : entries_.find(&in);
+      order.push_back({e == entries_.end() ? 0.0 : cost(*e->second.recipe, memo), i});
+    }
+    std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<std::shared_ptr<detail::Storage>> inputs;
-    for (const auto& in : r->how.reads) {
-      inputs.push_back(in);
-      in->data();
+    for (const auto& [c, i] : order) {
+      inputs.push_back(r->how.reads[i]);
+      inputs.back()->data();
     }
     // Held: the outputs this recomputation brings back (a resident sibling stays discardable).
     std::vector<std::shared_ptr<detail::Storage>> outputs;
@@ -468,6 +487,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     next_planned_ = 0;
     over_ = false;
     least_ = 0;
+    limit_ = budget_;
     hashes_.clear();
     scope_.emplace();
   }
@@ -477,6 +497,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     last_log_ = std::move(log_);
     last_over_ = over_;
     last_least_ = over_ ? least_ : 0;
+    last_log_.least_feasible = last_least_;
     last_first_over_ = first_over_;
     scope_.reset();
     begin_step();
@@ -484,6 +505,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
 
   std::size_t budget_;
   std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
+  std::size_t limit_;      // the budget, raised to least_ after an overflow
   std::thread::id owner_;
   std::optional<RematPlan> plan_;
   std::size_t next_planned_ = 0;
