@@ -156,7 +156,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// The last completed step's decisions as a static plan.
   RematPlan plan() const { return RematPlan::from(last_log_); }
   /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
-  std::size_t least_feasible_bytes() const { return last_least_; }
+  std::size_t least_feasible_bytes() const { return last_log_.least_feasible; }
 
   // --- op-output hook -------------------------------------------------------------------------
   bool wants_recompute() const override { return registering(); }
@@ -192,7 +192,6 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       in.retain_saved();  // an input kept for recomputation is held for backward too
       if (auto it = entries_.find(&in); it != entries_.end()) it->second.last_use = now;
     }
-    recipe->holds = true;
   }
 
   // --- residency ------------------------------------------------------------------------------
@@ -261,12 +260,12 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   void backward_ended(bool completed) override {
     prune();
     finish_step();
-    if (completed && last_over_)
+    if (completed && last_log_.least_feasible > 0)
       throw Error(fmt::format(
           "MemoryBudget: the step needs more than the budget of {} B saved for backward ({}). The smallest budget "
           "that works for this step is {} B (measured: the step went on under a limit raised to each moment's need; "
           "MemoryBudget(budget.plan()) replays its decisions within that budget); the step's gradients are complete "
-          "and exact", budget_, last_first_over_, last_least_));
+          "and exact", budget_, last_first_over_, last_log_.least_feasible));
   }
 
  private:
@@ -279,10 +278,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     Recompute how;
     std::vector<std::weak_ptr<detail::Storage>> outputs;
     std::vector<std::uint64_t> versions;
-    bool holds = false;  // whether it retained its reads
 
     ~Recipe() {
-      if (!holds) return;
+      if (!how.compute) return;  // registered nothing, so retained nothing
       for (std::size_t i = 0; i < how.reads.size(); ++i) {
         how.reads[i]->bookkeeping_refs() -= how.held_by_compute[i];
         how.reads[i]->release_saved();
@@ -495,9 +493,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   void finish_step() {
     log_.peak_saved_bytes = scope_->peak_saved_bytes();
     last_log_ = std::move(log_);
-    last_over_ = over_;
-    last_least_ = over_ ? least_ : 0;
-    last_log_.least_feasible = last_least_;
+    last_log_.least_feasible = over_ ? least_ : 0;
     last_first_over_ = first_over_;
     scope_.reset();
     begin_step();
@@ -516,8 +512,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   std::uint64_t next_order_ = 0;
   std::size_t moment_ = 0;
   bool closing_ = false;
-  bool over_ = false, last_over_ = false;
-  std::size_t last_least_ = 0;
+  bool over_ = false;
   std::string first_over_, last_first_over_;
   BudgetLog log_, last_log_;
   std::optional<MemoryScope> scope_;

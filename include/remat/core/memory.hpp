@@ -229,7 +229,7 @@ class Storage;
 class Residency {
  public:
   virtual ~Residency() = default;
-  /// The storage's bytes, recomputed first if they were discarded; notes the use.
+  /// The storage's bytes, recomputed first if they were discarded (from any thread when resident).
   virtual void* access(Storage& s) = 0;
   /// A backward is about to read `s` (its node holds it meanwhile): a use, for staleness.
   virtual void used(Storage& s) = 0;

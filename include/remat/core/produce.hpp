@@ -40,6 +40,12 @@ std::tuple<BasicTensor<Ts>...> make_unread(const std::array<Shape, sizeof...(Ts)
   return {unread_tensor<Ts>(shapes[I])...};
 }
 
+/// An op's outputs (a tuple of tensors) as type-erased references, for handlers.
+template <class... Ts>
+std::vector<TensorRef> refs_of(const std::tuple<BasicTensor<Ts>...>& outputs) {
+  return std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, outputs);
+}
+
 /// The tensors an op's compute reads (undefined ones are ignored): whoever recomputes the op later
 /// keeps them, and makes them resident first. Holds pointers into the caller's tensors, so it
 /// lives only as long as the produce() call it is passed to.
@@ -84,7 +90,7 @@ Recompute make_recompute(const OpReads& reads, const Compute& compute, std::uint
     before.push_back(s.use_count());
   });
   how.compute = [c = compute]() {
-    return std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, c());
+    return refs_of(c());
   };
   for (std::size_t i = 0; i < how.reads.size(); ++i)
     how.held_by_compute.push_back(static_cast<int>(how.reads[i].use_count() - before[i]));
@@ -123,7 +129,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     // Nobody reads these values: storage of the right shapes, poisoned (NaN for floating types),
     // so a reader that was not supposed to exist shows up instead of reading stale bytes.
     auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
-    std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
+    std::vector<TensorRef> refs = refs_of(result);
     hook->produced(out, refs);
     return result;
   }
@@ -133,7 +139,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     TimelineSpan span(op.name(), "forward");
     return compute();
   }();
-  std::vector<TensorRef> refs = std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, result);
+  std::vector<TensorRef> refs = refs_of(result);
   hook->produced(out, refs);
   if (hook->wants_recompute()) hook->recomputable(out, refs, make_recompute(reads, compute, first_new_serial));
   return result;
