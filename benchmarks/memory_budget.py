@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Step time against a hard memory budget (remat::MemoryBudget) for the GPT `small` and `deep`
 configurations and the U-Net-like model, next to hand-placed checkpointing at the same memory.
 Runs bench_memory_budget once per model (settings alternate within each of its rounds), writes the
@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from run import CONFIGS
+from run import CONFIGS, pyplot, save_svg
 
 UNET = dict(layers=6, width=512, context=128, batch=8, vocab=256, heads=4)
 MODELS = [("small", "gpt", CONFIGS["small"], "blocks,sqrt,budget:48"),
@@ -31,52 +31,26 @@ def run(binary, model, cfg, hand, rounds, steps):
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
 
 
-def svg(panels, path):
+def plot(panels, path):
     """One panel per model: median step time against saved-bytes peak (fraction of the
     no-checkpoint peak); lines for the budget (searched and planned), dots for hand placement."""
-    W, H, m, gap = 300, 300, 50, 20
-    total_w = len(panels) * (W + gap) + gap
-    colors = {"budget": "#1f77b4", "budget+plan": "#2ca02c", "hand": "#d62728"}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{H + 40}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{total_w}" height="{H + 40}" fill="white"/>',
-           f'<text x="{total_w / 2}" y="16" text-anchor="middle" font-size="13">remat MemoryBudget: step time vs peak saved bytes '
-           '(fraction of no checkpointing)</text>']
-    for i, (name, rows) in enumerate(panels):
-        ox, oy = gap + i * (W + gap), 30
-        ok = [r for r in rows if "median_ms" in r]
-        t_max = max(r["median_ms"] for r in ok) * 1.05
-        X = lambda f: ox + m + f * (W - m - 10)
-        Y = lambda t: oy + H - m - t / t_max * (H - m - 20)
-        out += [f'<text x="{ox + W / 2}" y="{oy + 12}" text-anchor="middle">{name}</text>',
-                f'<line x1="{X(0)}" y1="{Y(0)}" x2="{X(1.05)}" y2="{Y(0)}" stroke="black"/>',
-                f'<line x1="{X(0)}" y1="{Y(0)}" x2="{X(0)}" y2="{Y(t_max)}" stroke="black"/>',
-                f'<text x="{X(0.5)}" y="{Y(0) + 30}" text-anchor="middle">peak saved / no-checkpoint peak</text>',
-                f'<text x="{ox + 12}" y="{Y(t_max / 2)}" transform="rotate(-90 {ox + 12} {Y(t_max / 2)})" '
-                'text-anchor="middle">ms per step (median)</text>']
-        for f in (0, 0.25, 0.5, 0.75, 1.0):
-            out.append(f'<text x="{X(f)}" y="{Y(0) + 14}" text-anchor="middle">{f:g}</text>')
-        for k in range(5):
-            t = t_max * k / 4
-            out.append(f'<text x="{X(0) - 4}" y="{Y(t) + 4}" text-anchor="end">{t:.0f}</text>')
-        for pol in ("budget", "budget+plan"):
-            pts = sorted((r["saved_peak"] / r["free_peak"], r["median_ms"]) for r in ok if r["policy"] == pol)
-            out.append(f'<polyline fill="none" stroke="{colors[pol]}" stroke-width="1.5" points="' +
-                       " ".join(f"{X(f):.1f},{Y(t):.1f}" for f, t in pts) + '"/>')
-        for r in ok:
-            if r["policy"] in ("none", "budget", "budget+plan"):
-                continue
-            f = r["saved_peak"] / r["free_peak"]
-            out.append(f'<circle cx="{X(f):.1f}" cy="{Y(r["median_ms"]):.1f}" r="3.5" fill="{colors["hand"]}"/>')
-            out.append(f'<text x="{X(f) + 5:.1f}" y="{Y(r["median_ms"]) - 5:.1f}" fill="{colors["hand"]}">{r["policy"]}</text>')
-        none = [r for r in ok if r["policy"] == "none"]
-        if none:
-            out.append(f'<circle cx="{X(1):.1f}" cy="{Y(none[0]["median_ms"]):.1f}" r="3.5" fill="black"/>')
-        for j, (label, c) in enumerate([("budget (searched)", colors["budget"]), ("budget (static plan)", colors["budget+plan"]),
-                                        ("hand-placed", colors["hand"]), ("no checkpointing", "black")]):
-            out.append(f'<text x="{X(0.05)}" y="{oy + 30 + 13 * j}" fill="{c}">{label}</text>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), layout="constrained")
+    for ax, (name, rows) in zip(axes, panels):
+        ok = [(r["policy"], r["saved_peak"] / r["free_peak"], r["median_ms"]) for r in rows if "median_ms" in r]
+        for pol, label in (("budget", "budget (searched)"), ("budget+plan", "budget (static plan)")):
+            ax.plot(*zip(*sorted((f, t) for p, f, t in ok if p == pol)), marker=".", label=label)
+        hand = [(p, f, t) for p, f, t in ok if p not in ("none", "budget", "budget+plan")]
+        ax.plot([f for _, f, _ in hand], [t for _, _, t in hand], "o", color="tab:red", label="hand-placed")
+        for p, f, t in hand:
+            ax.annotate(p, (f, t), xytext=(3, -3), textcoords="offset points", va="top", color="tab:red")
+        ax.plot([f for p, f, _ in ok if p == "none"], [t for p, _, t in ok if p == "none"], "ok", label="no checkpointing")
+        ax.set(title=name, xlim=(0, 1.05), ylim=(0, None), xlabel="peak saved / no-checkpoint peak",
+               ylabel="ms per step (median)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("remat MemoryBudget: step time vs peak saved bytes (fraction of no checkpointing)")
+    save_svg(fig, path)
 
 
 def main():
@@ -88,6 +62,7 @@ def main():
     ap.add_argument("--svg", default=None)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    pyplot()  # the plot at the end needs matplotlib: fail now, before the runs, if it is missing
     binary = os.path.join(a.bin, "bench_memory_budget")
     panels, rows_all = [], []
     for name, model, cfg, hand in MODELS:
@@ -102,7 +77,7 @@ def main():
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows_all)
-    svg(panels, a.svg or os.path.join(a.out, "memory_budget.svg"))
+    plot(panels, a.svg or os.path.join(a.out, "memory_budget.svg"))
     print("| config | setting | budget MB | peak saved MB (× free) | median ms [range] | discards | recomputes | "
           "decisions |")
     print("|---|---|---|---|---|---|---|---|")

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """remat against PyTorch on the same GPT configurations and checkpointing modes, in one run,
 alternating the two per round; then the chain sweep and its plot. Writes CSV and SVG to --out and
 prints the tables. PyTorch gets its best: 2 threads, and OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset
@@ -7,7 +7,6 @@ usage: run.py --bin BUILD/benchmarks --out DIR [--rounds 3] [--steps 3]"""
 import argparse
 import csv
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -44,38 +43,36 @@ def forward_flops(c):
     return c["layers"] * per_layer + 2 * bt * c["width"] * c["vocab"]
 
 
-def svg_plot(rows, path):
-    """Peak saved bytes against L, one line per policy, log-log, written by hand (no matplotlib)."""
-    policies = sorted({r["policy"] for r in rows})
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+def pyplot():
+    """matplotlib's pyplot with no display, its SVGs the same bytes for the same data (imported
+    here, so that the scripts importing CONFIGS alone do not need matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "remat"
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_svg(fig, path):
+    fig.savefig(path, format="svg", metadata={"Date": None})
+
+
+def plot_memory_vs_L(rows, path):
+    """Peak saved bytes against L, one line per policy, log-log."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    for p in dict.fromkeys(r["policy"] for r in rows):  # in the sweep's order: none first
+        ax.plot(*zip(*sorted((r["L"], r["saved_peak"] / 2**20) for r in rows if r["policy"] == p)), marker="o", label=p)
     Ls = sorted({r["L"] for r in rows})
-    ys = [r["saved_peak"] / 2**20 for r in rows]
-    W, H, m = 640, 420, 60
-    x0, x1, y0, y1 = math.log2(min(Ls)), math.log2(max(Ls)), math.log2(min(ys)), math.log2(max(ys))
-    X = lambda L: m + (math.log2(L) - x0) / (x1 - x0) * (W - 2 * m)
-    Y = lambda v: H - m - (math.log2(v) - y0) / (y1 - y0) * (H - 2 * m)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{W/2}" y="20" text-anchor="middle" font-size="14">remat: peak bytes saved for backward vs GPT depth L</text>',
-           f'<line x1="{m}" y1="{H-m}" x2="{W-m}" y2="{H-m}" stroke="black"/>',
-           f'<line x1="{m}" y1="{m}" x2="{m}" y2="{H-m}" stroke="black"/>',
-           f'<text x="{W/2}" y="{H-20}" text-anchor="middle">L (blocks, log scale)</text>',
-           f'<text x="15" y="{H/2}" transform="rotate(-90 15 {H/2})" text-anchor="middle">MiB saved at peak (log scale)</text>']
-    for L in Ls:
-        out.append(f'<text x="{X(L)}" y="{H-m+16}" text-anchor="middle">{L}</text>')
-    for v in [2**k for k in range(int(math.floor(y0)), int(math.ceil(y1)) + 1)]:
-        if y0 <= math.log2(v) <= y1:
-            out.append(f'<text x="{m-6}" y="{Y(v)+4}" text-anchor="end">{v:g}</text>')
-            out.append(f'<line x1="{m}" y1="{Y(v)}" x2="{W-m}" y2="{Y(v)}" stroke="#ddd"/>')
-    for i, p in enumerate(policies):
-        pts = sorted((r["L"], r["saved_peak"] / 2**20) for r in rows if r["policy"] == p)
-        c = colors[i % len(colors)]
-        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="' +
-                   " ".join(f"{X(L):.1f},{Y(v):.1f}" for L, v in pts) + '"/>')
-        out.append(f'<text x="{W-m-150}" y="{m+16*i}" fill="{c}">{p}</text>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(Ls, [str(L) for L in Ls])
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
+    ax.grid(alpha=0.3)
+    ax.set(title="remat: peak bytes saved for backward vs GPT depth L", xlabel="L (blocks, log scale)",
+           ylabel="MiB saved at peak (log scale)")
+    ax.legend(title="policy")
+    save_svg(fig, path)
 
 
 def main():
@@ -86,6 +83,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    pyplot()  # the plot at the end needs matplotlib: fail now, before the runs, if it is missing
     peer_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
 
     g = run_json([os.path.join(a.bin, "bench_gemm")])
@@ -150,7 +148,7 @@ def main():
     for r in srows:
         extra = f", {r['advances']} advances" if "advances" in r else ""
         print(f"  {r['chain']:4s} L={r['L']:<6d} {r['policy']:15s} {r['saved_peak'] / 1e6:9.2f} MB {r['ms']:10.1f} ms{extra}")
-    svg_plot([r for r in srows if r["chain"] == "gpt"], os.path.join(a.out, "memory_vs_L.svg"))
+    plot_memory_vs_L([r for r in srows if r["chain"] == "gpt"], os.path.join(a.out, "memory_vs_L.svg"))
     print(f"\nwrote {a.out}/gpt_step.csv, chain_sweep.csv, memory_vs_L.svg")
 
 

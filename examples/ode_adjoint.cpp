@@ -149,12 +149,13 @@ int main(int argc, char** argv) try {
   const auto t0 = std::chrono::steady_clock::now();
   const auto [g, loss] = gradient(a, a.steps, &counts, &p);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (p.steps > 0) {
+    const std::string summary = p.str();
+    fmt::print("{}\n", summary.substr(0, summary.find('\n')));
+  }
+  // The process's peak, read last: ru_maxrss is the most it has held, whatever ran before.
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  if (p.steps > 0) {
-    const std::string table = p.str();
-    fmt::print("{}\n", table.substr(0, table.find('\n')));
-  }
   fmt::print("{} steps under {}: loss {:.6f}, dL/dW = [{:+.6f}, {:+.6f}, {:+.6f}, {:+.6f}]\n", a.steps, a.policy, loss, g[0],
              g[1], g[2], g[3]);
   fmt::print("executed: {} advances, {} recorded steps, at most {} snapshots ({} written to disk)\n", counts.advances,

@@ -6,7 +6,12 @@
 //             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB]
-//             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH]
+//             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
+//
+// --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
+// entropy and the sample's legibility reaches --legible-floor (the main job, `--target train`, and
+// the example CTests run so). Without it the same figures are printed and a short run (a trace, a
+// smoke test) exits 0 whatever it learned.
 //
 // --save-every N writes the whole training state (weights, AdamW moments and step, the data and
 // dropout generators, the step counter, the loss history) to --state (default: the --out name
@@ -63,7 +68,8 @@ struct Options {
   std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 850, seed = 1;
   std::int64_t log_every = 50, sample = 500, top_k = 10;
   double lr = 3e-3, dropout = 0.0, temperature = 0.8;
-  double legible_floor = 0.90;  ///< fail below this share of sampled words found in the corpus
+  double legible_floor = 0.90;  ///< with --check: fail below this share of sampled words found in the corpus
+  bool check = false;           ///< exit 1 when the run did not learn (the floors above)
   std::int64_t save_every = 0, die_after = 0;
   std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks
   std::string state, resume, losses, trace;
@@ -125,6 +131,10 @@ Options parse(int argc, char** argv) {
   take_string("losses", o.losses);
   take_string("trace", o.trace);
   take_int("zero", o.zero);
+  std::int64_t check = 0;
+  take_int("check", check);
+  REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
+  o.check = check == 1;
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
   if (o.state.empty()) {
     o.state = o.out;
@@ -370,7 +380,7 @@ int train(int argc, char** argv, [[maybe_unused]] World* world) {
   // The step's loss averaged over ranks (every rank calls it: it is a collective).
   auto global_loss = [&](const Tensor& loss) {
     if (!world) return static_cast<double>(loss.item());
-    Tensor l = detail::copy_of(loss.detach());
+    Tensor l = scalar(loss.item());  // a copy of its own: all_reduce sums in place
     dist::all_reduce(*world, l);
     return static_cast<double>(l.item()) / ranks;
   };
@@ -537,9 +547,10 @@ int train(int argc, char** argv, [[maybe_unused]] World* world) {
 
   const bool learned = held_out < corpus.unigram_entropy;
   const bool readable = opt.sample == 0 || legible >= opt.legible_floor;
-  if (!learned) fmt::print("FAIL: the held-out loss did not beat the unigram entropy\n");
-  if (!readable) fmt::print("FAIL: the sample is below the legibility floor\n");
-  return learned && readable ? 0 : 1;
+  const char* verdict = opt.check ? "FAIL" : "note";
+  if (!learned) fmt::print("{}: the held-out loss did not beat the unigram entropy\n", verdict);
+  if (!readable) fmt::print("{}: the sample is below the legibility floor\n", verdict);
+  return opt.check && !(learned && readable) ? 1 : 0;
 }
 
 }  // namespace

@@ -1,4 +1,6 @@
 #include "checkpoint/support_checkpoint.hpp"
+#include <cstdlib>
+#include <unistd.h>
 
 using namespace remat;
 
@@ -127,4 +129,83 @@ TEST_CASE("chain: a 10,000-step RNN reverses under binomial(10) with the minimal
 TEST_CASE("chain: an impossible budget is a clear error", "[chain][budget]") {
   const std::vector<StepCost> costs(4, StepCost{1.0, 100, 1000});
   REQUIRE_ERROR(plan(policy::budget(500), 4, costs), "policy::budget", "500 bytes", "least budget that fits is about 1");
+}
+
+namespace {
+
+/// A chain of unequal steps: states of 8, 16 and 32 columns; steps that read their input and a
+/// parameter of their own (matmul), share one parameter, save their output (tanh) or only what
+/// they make inside (exp, then a scale), or read their input twice (h·h).
+struct UnequalChain {
+  Generator g{41};
+  Tensor w0 = (randn({8, 16}, g) * 0.3f).detach().requires_grad_();
+  Tensor shared = (randn({16, 16}, g) * 0.3f).detach().requires_grad_();
+  Tensor w5 = (randn({16, 32}, g) * 0.3f).detach().requires_grad_();
+  Tensor w8 = (randn({32, 8}, g) * 0.3f).detach().requires_grad_();
+  Tensor x = randn({4, 8}, g).requires_grad_();
+  std::vector<ChainStep> steps{
+      [this](const Tensor& h) { return tanh(matmul(h, w0)); },
+      [](const Tensor& h) { return exp(h) * 0.5f; },
+      [this](const Tensor& h) { return tanh(matmul(h, shared)); },
+      [this](const Tensor& h) { return tanh(matmul(h, shared)); },
+      [](const Tensor& h) { return h * h; },
+      [this](const Tensor& h) { return tanh(matmul(h, w5)); },
+      [](const Tensor& h) { return exp(h) * 0.5f; },
+      [](const Tensor& h) { return tanh(h); },
+      [this](const Tensor& h) { return tanh(matmul(h, w8)); },
+      [this](const Tensor& h) { return matmul(tanh(h), w0); },
+      [](const Tensor& h) { return exp(h) * 0.5f; },
+  };
+};
+
+/// The measured peak and end-of-forward saved bytes of running `steps` under p.
+std::pair<std::size_t, std::size_t> measured_bytes(const std::vector<ChainStep>& steps, const Tensor& x, const Policy& p,
+                                                   const std::vector<StepCost>& costs) {
+  const std::size_t base = memory_stats().saved_bytes;
+  MemoryScope scope;
+  Tensor y = checkpoint_sequential(steps, x, p, &costs);
+  const std::size_t forward_end = memory_stats().saved_bytes - base;
+  sum(y).backward();
+  return {scope.peak_saved_bytes() - base, forward_end};
+}
+
+}  // namespace
+
+TEST_CASE("chain: predicted peak saved bytes equal the measured ones for unequal steps, under every policy",
+          "[chain][memory][budget]") {
+  test::FreshTape fresh;
+  UnequalChain c;
+  const auto L = static_cast<std::int64_t>(c.steps.size());
+  char dir_template[] = "/tmp/remat-bytes-XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  for (const bool compact : {true, false}) {
+    CheckpointEarlyStop records(compact);
+    const std::vector<StepCost> costs = measure_steps(c.steps, c.x);
+    const std::size_t none_peak = plan(policy::none(), L, costs).peak_bytes;
+    std::vector<Policy> policies{policy::none(), policy::uniform(3), policy::uniform(5), policy::sqrt_segments(),
+                                 policy::binomial(2), policy::binomial(3), policy::binomial(5),
+                                 policy::two_tier(2, 2, dir)};
+    for (const std::size_t budget : {none_peak, none_peak * 3 / 4, none_peak / 2, none_peak / 3})
+      policies.push_back(policy::budget(budget));
+    for (const Policy& p : policies) {
+      INFO(p.name << (compact ? ", compact records" : ", full records"));
+      Plan expected;
+      try {
+        expected = plan(p, L, costs);
+      } catch (const Error& e) {
+        INFO(e.what());
+        CHECK(p.needs_costs);  // only a budget below what the chain needs
+        continue;
+      }
+      const auto [peak, forward_end] = measured_bytes(c.steps, c.x, p, costs);
+      INFO(expected.advances << " advances, predicted " << expected.peak_bytes << " B (" << expected.forward_end_bytes
+           << " B at the end of forward), measured " << peak << " B (" << forward_end << " B)");
+      CHECK(expected.peak_bytes == peak);
+      CHECK(expected.forward_end_bytes == forward_end);
+      if (p.needs_costs) CHECK(expected.peak_bytes <= std::stoull(p.name.substr(7)));
+    }
+    // A budget that holds everything records everything: no advance is worth it.
+    CHECK(plan(policy::budget(none_peak), L, costs).advances == 0);
+  }
+  ::rmdir(dir.c_str());
 }

@@ -243,3 +243,59 @@ TEST_CASE("checkpoint_sequential: retain_graph and repeated backward under every
     REQUIRE_ERROR(loss.backward(), "already been freed");
   }
 }
+
+TEST_CASE("online chains advanced alternately: where the bitwise promise stops, exactly", "[chain][online][bitwise]") {
+  // Two OnlineChains advanced in turn. Each reads its own Linear and both read `shared`. The
+  // plain program adds a parameter's contributions in reverse tape order; a chain goes on the
+  // tape as one node at finish() and adds its steps' contributions there as one run, newest step
+  // first. So: a parameter one chain reads is bitwise the interleaved plain program's; `shared`
+  // is bitwise the plain program that runs the chains one after the other in the order they were
+  // finished, and the interleaved program's to rounding (the same terms, summed in another order).
+  Generator init(23);
+  nn::Linear own_a(5, 5, true, init), own_b(5, 5, true, init);
+  Tensor shared = (randn({5, 5}, init) * 0.3f).requires_grad_();
+  const Tensor xa0 = randn({2, 5}, init), xb0 = randn({2, 5}, init);
+  auto step_of = [&](nn::Linear& own) {
+    return [&own, &shared](const Tensor& h) { return h + tanh(own(h) + matmul(h, shared)) * 0.1f; };
+  };
+  const int L = 30;
+  enum class Run { interleaved, one_after_other, chains };
+  auto grads = [&](Run run) {
+    own_a.zero_grad();
+    own_b.zero_grad();
+    shared.zero_grad();
+    Tensor ya = xa0, yb = xb0;
+    if (run == Run::chains) {
+      OnlineChain a(xa0, 3, "a"), b(xb0, 4, "b");
+      for (int i = 0; i < L; ++i) {
+        a.advance(step_of(own_a));
+        b.advance(step_of(own_b));
+      }
+      ya = a.finish();
+      yb = b.finish();
+    } else if (run == Run::interleaved) {
+      for (int i = 0; i < L; ++i) {
+        ya = step_of(own_a)(ya);
+        yb = step_of(own_b)(yb);
+      }
+    } else {
+      for (int i = 0; i < L; ++i) ya = step_of(own_a)(ya);
+      for (int i = 0; i < L; ++i) yb = step_of(own_b)(yb);
+    }
+    (sum(ya * ya) + sum(yb) * 0.5f).backward();
+    std::vector<std::vector<float>> g = test::gradients(own_a);
+    for (auto& v : test::gradients(own_b)) g.push_back(v);
+    g.push_back(shared.grad().to_vector());
+    return g;
+  };
+  const auto chains = grads(Run::chains), interleaved = grads(Run::interleaved), sequential = grads(Run::one_after_other);
+  const std::size_t last = chains.size() - 1;  // shared's gradient
+  for (std::size_t i = 0; i < last; ++i) {
+    INFO("own parameter " << i);
+    CHECK(chains[i] == interleaved[i]);
+  }
+  CHECK(chains[last] == sequential[last]);
+  // Interleaved vs one after the other: a reassociated sum, a few ulp apart at most.
+  for (std::size_t k = 0; k < chains[last].size(); ++k)
+    CHECK(chains[last][k] == Approx(interleaved[last][k]).epsilon(1e-5).margin(1e-6));
+}

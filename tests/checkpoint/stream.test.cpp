@@ -188,3 +188,23 @@ TEST_CASE("plan: a malformed schedule is an error saying what is wrong with it",
   REQUIRE_ERROR(remat::plan(policy_of({{K::restore, 3}}), 4), "restores x_3", "not kept");
   REQUIRE_ERROR(remat::plan(policy_of({{K::advance, 0, 5}}), 4), "advances steps 0..4");
 }
+
+TEST_CASE("stream: a plan's text is a bounded summary; the full table lists every action", "[schedule][stream]") {
+  const Plan long_plan = remat::plan(policy::binomial(20), 1000000);
+  const std::string summary = long_plan.str();
+  INFO(summary);
+  CHECK(summary.size() < 4096);
+  CHECK(summary.find("more lines") != std::string::npos);
+  CHECK(summary.find("backward  reverse   0") != std::string::npos);  // the table's last line
+  REQUIRE_ERROR(long_plan.actions_str(), "actions_str", "actions");
+  const Plan p = remat::plan(policy::binomial(3), 40);
+  const std::string full = p.actions_str();
+  std::size_t snapshots = 0;
+  for (const Action& a : p.materialise())
+    if (a.kind == Action::Kind::snapshot) {
+      ++snapshots;
+      CHECK(full.find(fmt::format("snapshot  {} ", a.step)) != std::string::npos);
+    }
+  CHECK(snapshots > 8);
+  CHECK(p.str().size() < full.size());
+}

@@ -1,12 +1,16 @@
 // Two storage tiers: snapshots in memory and in files.
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <dirent.h>
 #include <map>
 #include <queue>
 #include <set>
 #include <tuple>
 #include <fstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "checkpoint/support_checkpoint.hpp"
@@ -237,4 +241,123 @@ TEST_CASE("two tiers: a snapshot file removed, truncated or altered is an error 
     }
     CHECK(dir.files().empty());  // the chain's files went with it, exception or not
   }
+}
+
+namespace {
+
+/// Changes the working directory for a test, and restores it at the end, failure or not.
+class WorkingDirectory {
+ public:
+  WorkingDirectory() {
+    char buffer[4096];
+    REQUIRE(::getcwd(buffer, sizeof buffer) != nullptr);
+    saved_ = buffer;
+  }
+  ~WorkingDirectory() {
+    if (::chdir(saved_.c_str()) != 0) std::abort();  // every later test would run elsewhere
+  }
+  WorkingDirectory(const WorkingDirectory&) = delete;
+  WorkingDirectory& operator=(const WorkingDirectory&) = delete;
+  void change(const std::string& to) { REQUIRE(::chdir(to.c_str()) == 0); }
+
+ private:
+  std::string saved_;
+};
+
+/// A chain's gradients with the policy (or without checkpointing), `between` run after its forward.
+template <class Between>
+std::vector<std::vector<float>> chain_gradients(nn::Linear& lin, const std::vector<ChainStep>& steps,
+                                                const Tensor& data, const std::optional<Policy>& p, Between between) {
+  lin.zero_grad();
+  Tensor x = data.detach().requires_grad_();
+  manual_seed(4);
+  Tensor y = x;
+  if (p) y = checkpoint_sequential(steps, x, *p);
+  else for (const ChainStep& s : steps) y = s(y);
+  between(y);
+  sum(y * y).backward();
+  auto g = test::gradients(lin);
+  g.push_back(x.grad().to_vector());
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("two tiers: a relative directory still names the snapshots after a chdir between forward and backward",
+          "[chain][two_tier]") {
+  TempDir dir;  // /tmp/remat-two-tier-XXXXXX
+  Generator init(11);
+  nn::Linear lin(5, 5, true, init);
+  const Tensor data = randn({2, 5}, init);
+  const auto steps = mlp_steps(lin, 12);
+  const auto plain = chain_gradients(lin, steps, data, std::nullopt, [](Tensor&) {});
+  WorkingDirectory cwd;
+  cwd.change("/tmp");
+  const Policy relative = policy::two_tier(0, 3, dir.path.substr(std::string("/tmp/").size()), {0, 0});
+  const auto moved = chain_gradients(lin, steps, data, relative, [&](Tensor&) {
+    CHECK(!dir.files().empty());
+    cwd.change("/");
+  });
+  CHECK(moved == plain);
+  CHECK(dir.files().empty());
+}
+
+TEST_CASE("two tiers: a child forked after the forward leaves the parent's snapshot files alone",
+          "[chain][two_tier]") {
+  TempDir dir;
+  Generator init(12);
+  nn::Linear lin(5, 5, true, init);
+  const Tensor data = randn({2, 5}, init);
+  const auto steps = mlp_steps(lin, 12);
+  const auto plain = chain_gradients(lin, steps, data, std::nullopt, [](Tensor&) {});
+  const auto forked = chain_gradients(lin, steps, data, policy::two_tier(0, 3, dir.path, {0, 0}), [&](Tensor& y) {
+    const std::vector<std::string> files = dir.files();
+    REQUIRE(!files.empty());
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // The child drops its copies of the chain — the output, and the tape whose node holds the
+      // snapshots — as exit() would by running the thread's destructors; then it ends without
+      // running the test framework's.
+      y = Tensor();
+      current_tape().reset();
+      ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    CHECK(dir.files() == files);
+  });
+  CHECK(forked == plain);
+  CHECK(dir.files().empty());
+}
+
+TEST_CASE("two tiers: a snapshot file that cannot be read is an error with the OS's reason, not 'missing'",
+          "[chain][two_tier][misuse]") {
+  TempDir dir;
+  Generator init(13);
+  nn::Linear lin(5, 5, true, init);
+  const auto steps = mlp_steps(lin, 12);
+  {
+    Tensor x = randn({2, 5}, init).requires_grad_();
+    Tensor y = checkpoint_sequential(steps, x, policy::two_tier(0, 3, dir.path, {0, 0}));
+    const std::vector<std::string> files = dir.files();
+    REQUIRE(!files.empty());
+    // As root, chmod 000 does not stop a read; a directory in the file's place does (EISDIR).
+    for (const std::string& victim : files) {
+      REQUIRE(std::remove(victim.c_str()) == 0);
+      REQUIRE(::mkdir(victim.c_str(), 0700) == 0);
+    }
+    std::string message;
+    try {
+      sum(y).backward();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("chain snapshot") != std::string::npos);
+    CHECK(message.find(std::strerror(EISDIR)) != std::string::npos);
+    CHECK(message.find("missing") == std::string::npos);
+  }
+  CHECK(dir.files().empty());  // the directories in the files' places went with the snapshots
 }

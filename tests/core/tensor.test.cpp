@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "support.hpp"
 
 using namespace remat;
@@ -51,6 +53,35 @@ TEST_CASE("tensor: prints through fmt with shape, dtype and elision of long dims
   CHECK(long_row == "tensor([0, 1, 2, ..., 7, 8, 9], shape=(10,), dtype=float64)");
   CHECK(fmt::format("{}", ones({1}).requires_grad_()).find("requires_grad=true") != std::string::npos);
   CHECK(fmt::format("{}", Tensor()) == "tensor(undefined)");
+}
+
+TEST_CASE("threads: parallel_for covers every element whatever team OpenMP gives the region",
+          "[core][threads]") {
+  // CTest runs this case again under OMP_THREAD_LIMIT=1, OMP_DYNAMIC=true and OMP_NUM_THREADS=3:
+  // a region may get fewer threads than it asks for, and the split must follow the team it got.
+  const int before = get_num_threads();
+  for (const int threads : {1, 2, 3, 4}) {
+    set_num_threads(threads);
+    for (const std::int64_t n : {std::int64_t{65536}, std::int64_t{3 * 32768 + 7}}) {
+      INFO(threads << " threads, " << n << " elements");
+      std::vector<int> hits(static_cast<std::size_t>(n), 0);
+      parallel_for(n, kElementGrain, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) ++hits[static_cast<std::size_t>(i)];
+      });
+      CHECK(std::count(hits.begin(), hits.end(), 1) == n);
+      // Inside a user's own parallel region (nested: remat runs the pieces on the calling thread).
+      std::vector<int> nested(static_cast<std::size_t>(n), 0);
+      REMAT_PRAGMA_OMP(omp parallel num_threads(2))
+      {
+        REMAT_PRAGMA_OMP(omp single)
+        parallel_for(n, kElementGrain, [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t i = b; i < e; ++i) ++nested[static_cast<std::size_t>(i)];
+        });
+      }
+      CHECK(std::count(nested.begin(), nested.end(), 1) == n);
+    }
+  }
+  set_num_threads(before);
 }
 
 TEST_CASE("threads: the GEMM thread count can be set and read", "[core][threads]") {

@@ -1,4 +1,4 @@
-// Data parallelism over MPI, run by every rank (2 and 4 ranks in CTest): the deterministic
+// Data parallelism over MPI, run by every rank (1, 2, 3 and 4 ranks in CTest): the deterministic
 // collectives, DataParallel and ShardedAdamW against one process accumulating the same
 // micro-batches in rank order, bitwise; overlap from the recorded event order; divergent ranks.
 #include <catch2/catch.hpp>
@@ -12,6 +12,7 @@
 #include <remat/dist/data_parallel.hpp>
 #include <remat/dist/sharded_adamw.hpp>
 #include <remat/nn/gpt.hpp>
+#include <remat/nn/init.hpp>
 #include <remat/nn/linear.hpp>
 #include <remat/optim/adamw.hpp>
 
@@ -168,6 +169,61 @@ TEST_CASE("dist: DataParallel (and ZeRO-1) give the gradients and weights of one
         CHECK(bitwise_equal(got.weights[i], expected.weights[i]));
       }
     }
+}
+
+/// Parameters of prime sizes (7·13, 13, 13·11, 11, 3): whatever the rank count, shards start at
+/// offsets that are not multiples of any vector width, and some shards are shorter than a vector.
+struct PrimeMlp : nn::Module {
+  explicit PrimeMlp(Generator& gen) : a(7, 13, true, gen), b(13, 11, true, gen), gain(nn::init::uniform({3}, 1.0f, gen)) {
+    register_module("a", a);
+    register_module("b", b);
+    register_parameter("gain", gain);
+  }
+  Tensor loss(const Tensor& x) { return sum(tanh(b.forward(tanh(a.forward(x))))) + sum(gain * gain); }
+  nn::Linear a, b;
+  Tensor gain;
+};
+
+Tensor prime_batch(int step, int rank) {
+  Generator gen(static_cast<std::uint64_t>(300 + 10 * step + rank));
+  return randn(Shape{5, 7}, gen);
+}
+
+TEST_CASE("dist: ZeRO-1 is AdamW bitwise when shards split prime-sized parameters at any offset", "[dist]") {
+  dist::Context& ctx = world();
+  const int steps = 3;
+  Generator init_ref(9);
+  PrimeMlp ref(init_ref);
+  optim::AdamW adamw(ref.parameters(), kAdamW);
+  for (int step = 0; step < steps; ++step) {
+    for (int r = 0; r < ctx.world_size(); ++r) ref.loss(prime_batch(step, r)).backward();
+    for (Tensor* p : ref.parameters()) {
+      Tensor g = p->grad();
+      detail::flat(g) /= static_cast<float>(ctx.world_size());
+    }
+    adamw.step();
+    adamw.zero_grad();
+  }
+  // One bucket for everything, and buckets smaller than a parameter: shards cut parameters both ways.
+  for (const std::size_t bucket_bytes : {std::size_t{1} << 20, std::size_t{64}}) {
+    INFO("bucket bytes " << bucket_bytes);
+    Generator init(9);
+    PrimeMlp model(init);
+    dist::DataParallelOptions options;
+    options.shard_gradients = true;
+    options.first_bucket_bytes = options.bucket_bytes = bucket_bytes;
+    dist::DataParallel ddp(ctx, model, options);
+    dist::ShardedAdamW opt(ddp, model.parameters(), kAdamW);
+    for (int step = 0; step < steps; ++step) {
+      model.loss(prime_batch(step, ctx.rank())).backward();
+      opt.step();
+      opt.zero_grad();
+    }
+    for (std::size_t i = 0; i < ref.parameters().size(); ++i) {
+      INFO("parameter " << i << " after " << steps << " steps");
+      CHECK(bitwise_equal(*model.parameters()[i], *ref.parameters()[i]));
+    }
+  }
 }
 
 TEST_CASE("dist: a sharded optimizer holds about 1/N of AdamW's state", "[dist]") {

@@ -21,6 +21,14 @@ def entry(dtype, shape, begin, end):
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
 
 
+def nested(levels, kind):
+    """JSON nested `levels` deep, of arrays or of objects: past the reader's limit of 64 levels."""
+    if kind == "arrays":
+        return b"[" * levels + b"]" * levels
+    return b'{"a":' * levels + b"1" + b"}" * levels
+
+
+DEEP = 2000  # far past the limit, still a small seed (objects, 6 bytes a level, a third as deep)
 f32 = struct.pack("<6f", 1, 2, 3, 4, 5, 6)
 seeds = {
     "valid_f32": image({"w": entry("F32", [2, 3], 0, 24)}, f32),
@@ -46,6 +54,12 @@ seeds = {
     "extra_key": image({"a": dict(entry("F32", [1], 0, 4), extra=1)}, bytes(4)),
     "not_an_object": image(None, b"", raw_header=b"[1,2,3]"),
     "metadata_not_strings": image({"__metadata__": {"n": 3}}),
+    "deep_arrays_entry": image(None, bytes(4), raw_header=b'{"x":' + nested(DEEP, "arrays") + b"}"),
+    "deep_objects_shape": image(None, bytes(4), raw_header=b'{"x":{"dtype":"F32","shape":' + nested(DEEP // 3, "objects") +
+                                b',"data_offsets":[0,4]}}'),
+    "deep_arrays_metadata": image(None, bytes(4), raw_header=b'{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                                  b'"__metadata__":{"m":' + nested(DEEP, "arrays") + b"}}"),
+    "deep_objects_header": image(None, b"", raw_header=nested(DEEP // 3, "objects")),
 }
 
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "safetensors")

@@ -54,3 +54,34 @@ TEST_CASE("exp, log, sqrt, pow, tanh, sigmoid, relu: backward matches finite dif
   // relu is not differentiable at 0; keep inputs away from it.
   test::require_gradcheck([](test::Inputs x) { return relu(x[0]); }, {tensor<double>({-1.5, -0.3, 0.4, 2.0})});
 }
+
+TEST_CASE("element-wise ops: an element's bits depend on its input alone, not on the thread count, the "
+          "tensor's length or the element's position", "[ops][exp][log][sqrt][tanh][sigmoid][pow][gelu]") {
+  // Eigen computes a destination's unaligned head and ragged tail on its scalar path, whose sqrt,
+  // exp, log, tanh are other functions than its vectorised ones. 2·2^15 + 37 elements: split
+  // across 2 and 3 threads at offsets that are not multiples of a vector width.
+  const std::int64_t n = 2 * 32768 + 37;
+  Generator gen(3);
+  const Tensor x = rand(Shape{n}, gen) * 4.0f + 0.05f;
+  using Op = Tensor (*)(const Tensor&);
+  const std::vector<std::pair<const char*, Op>> ops = {
+      {"exp", [](const Tensor& t) { return exp(t); }},     {"log", [](const Tensor& t) { return log(t); }},
+      {"sqrt", [](const Tensor& t) { return sqrt(t); }},   {"tanh", [](const Tensor& t) { return tanh(t); }},
+      {"sigmoid", [](const Tensor& t) { return sigmoid(t); }}, {"pow", [](const Tensor& t) { return pow(t, 1.7); }},
+      {"gelu", [](const Tensor& t) { return gelu(t); }},   {"gelu tanh", [](const Tensor& t) { return gelu(t, GeluApproximation::tanh); }}};
+  const int threads = get_num_threads();
+  for (const auto& [name, op] : ops) {
+    INFO(name);
+    set_num_threads(1);
+    const std::vector<float> whole = op(x).to_vector();
+    for (const int t : {2, 3}) {
+      set_num_threads(t);
+      CHECK(op(x).to_vector() == whole);
+    }
+    set_num_threads(threads);
+    // Each of the first 64 elements alone (a one-element tensor), and a prefix of odd length.
+    for (std::int64_t i = 0; i < 64; ++i) CHECK(op(tensor({x.data()[i]})).item() == whole[static_cast<std::size_t>(i)]);
+    const std::vector<float> prefix = op(narrow(x, 0, 0, 29)).to_vector();
+    CHECK(prefix == std::vector<float>(whole.begin(), whole.begin() + 29));
+  }
+}

@@ -80,3 +80,28 @@ TEST_CASE("warmup cosine: linear warmup, cosine to min_lr, then constant", "[opt
   CHECK(s(500) == Approx(0.1));
   REQUIRE_ERROR(optim::WarmupCosine(1.0, 0.1, 10, 10), "warmup");
 }
+
+TEST_CASE("adamw: an element's update does not depend on where the slice holding it starts or ends",
+          "[optim][adamw]") {
+  // ShardedAdamW updates shards that start anywhere; AdamW the whole parameter. 1,031 elements
+  // (prime) of gradients and moments spanning many magnitudes, updated whole and as slices.
+  const std::int64_t n = 1031;
+  Generator gen(11);
+  const std::vector<float> w0 = randn(Shape{n}, gen).to_vector(), g = (randn(Shape{n}, gen) * 3.0f).to_vector();
+  std::vector<float> m0 = randn(Shape{n}, gen).to_vector(), v0 = (rand(Shape{n}, gen) * 5.0f).to_vector();
+  for (std::size_t i = 0; i < m0.size(); ++i) v0[i] *= std::pow(10.0f, static_cast<float>(i % 9) - 6.0f);
+  const optim::AdamWStep c(optim::AdamWOptions{}, 1e-3, 3);
+  std::vector<float> w = w0, m = m0, v = v0;
+  c.update(w.data(), m.data(), v.data(), g.data(), n, c.decay(0.01));
+  for (const std::int64_t piece : {1, 3, 5, 7, 13, 29}) {
+    std::vector<float> ws = w0, ms = m0, vs = v0;
+    for (std::int64_t b = 0; b < n; b += piece) {
+      const std::int64_t k = std::min(piece, n - b);
+      c.update(ws.data() + b, ms.data() + b, vs.data() + b, g.data() + b, k, c.decay(0.01));
+    }
+    INFO("slices of " << piece);
+    CHECK(ws == w);
+    CHECK(ms == m);
+    CHECK(vs == v);
+  }
+}

@@ -54,41 +54,79 @@ class FlopCounter final : public OpOutputHook {
   double total = 0;
 };
 
+/// Records f(leaf) on the current tape for measure_steps, noting in c its flops, whether the
+/// executor could hold it compactly, and which tensors from outside it saves; returns its output
+/// and the bytes of its own op outputs that a compact record would hold.
+inline std::pair<Tensor, std::size_t> measure_record(const ChainStep& f, const Tensor& leaf, StepCost& c) {
+  SegmentReads reads;
+  Tensor y;
+  std::size_t held = 0;
+  {
+    FlopCounter counter;
+    SegmentReadsObserver observer(reads);
+    CompactRecorder recorder(leaf.storage().get());  // innermost, as the executor installs it
+    y = f(leaf);
+    c.compute = counter.total;
+    const CompactRecorder::Notes notes = recorder.notes();
+    c.compact = notes.complete;
+    std::unordered_set<const Storage*> seen{leaf.storage().get()};
+    for (const CompactRecorder::Output& o : notes.held)
+      if (seen.insert(o.storage.get()).second) held += o.storage->bytes();
+  }
+  std::unordered_set<std::uint64_t> outside;
+  for (const SegmentReads::Outside& o : reads.outside)
+    if (const auto st = o.storage.lock(); st && st != leaf.storage() && st->saved_refs() > 0 && outside.insert(st->serial()).second)
+      c.params = fnv1a_mix(c.params == 0 ? kFnvOffset : c.params, st->serial());
+  return {y, held};
+}
+
 }  // namespace detail
 
-/// Measures each step once, for policies that need costs (budget). Deterministic, so the same
-/// program plans the same way on every run:
+/// Measures each step once, for policies that need costs (budget), and for plans that predict
+/// the bytes the executor will hold. Deterministic, so the same program plans the same way on
+/// every run:
 ///   compute          the work its ops report (flops), not wall-clock time;
 ///   state_bytes      the bytes of its input (what a snapshot of it holds);
 ///   activation_bytes the most bytes saved for backward at any moment of recording the step and
 ///                    running its backward — more than the tape holds at the end of its forward
-///                    when the step contains a checkpoint(), whose replay is part of reversing it.
+///                    when the step contains a checkpoint(), whose replay is part of reversing it
+///                    (reverse_bytes is that difference);
+///   and which of them the executor shares with others or drops while the step is held compactly:
+///   its input, its output, the tensors from outside the chain (parameters, by identity).
 /// The dry-run backward gives no parameter a gradient, and the generator is put back.
 template <class Steps = std::vector<ChainStep>>
 std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
   std::vector<StepCost> costs;
   const Generator::State rng = default_generator().state();
+  // The executor holds steps recorded in forward compactly under the same modes (ChainRun).
+  const bool compact = detail::checkpoint_early_stop_flag() && !detail::checkpoint_checking_flag();
   Tensor h = x.detach();
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    const ChainStep& f = steps[i];
     Tape scratch;
     TapeGuard use(scratch);
     const std::size_t before = memory_stats().saved_bytes;
     MemoryScope scope;
     Tensor leaf = h.detach();
     leaf.requires_grad_();
-    Tensor y;
-    double flops = 0;
-    {
-      detail::FlopCounter counter;
-      y = f(leaf);
-      flops = counter.total;
-    }
+    const int input_refs = leaf.storage()->saved_refs();
+    StepCost c{0.0, h.nbytes(), 0};
+    auto [y, held] = detail::measure_record(steps[i], leaf, c);
+    const std::size_t recorded = memory_stats().saved_bytes - before;
+    c.reads_input = leaf.storage()->saved_refs() > input_refs;
+    c.saves_output = y.defined() && y.storage() != leaf.storage() && y.storage()->saved_refs() > 0;
     if (y.requires_grad()) {
       ScopedValue<bool> dry_run(detail::discard_leaf_grads(), true);
       y.backward(ones(y.shape()));
     }
-    costs.push_back({flops, h.nbytes(), scope.peak_saved_bytes() - before});
+    c.activation_bytes = scope.peak_saved_bytes() - before;
+    c.reverse_bytes = c.activation_bytes - recorded;
+    // What is neither the step's own (the ops' outputs it holds compactly) nor its input is from
+    // outside the step; a step that saves something it made other than by an op is held whole.
+    const std::size_t inside = held + (c.reads_input ? c.state_bytes : 0);
+    c.param_bytes = recorded > inside ? recorded - inside : 0;
+    if (!c.compact) c.params = 0;  // what is left may be the step's own, shared with no other
+    c.compact = compact && c.compact;
+    costs.push_back(c);
     h = y.detach();
   }
   default_generator().set_state(rng);
@@ -269,10 +307,10 @@ struct ChainRun {
 
   /// Runs the forward part of the plan: its first forward_actions actions.
   void run_forward() {
-    const std::unique_ptr<ActionStream> stream = plan.stream();
+    ActionReader stream(plan.stream());
     Action act{Action::Kind::free, 0};
     for (std::size_t a = 0; a < plan.forward_actions; ++a) {
-      REMAT_ASSERT(stream->next(act));
+      REMAT_ASSERT(stream.next(act));
       execute(act, nullptr, true);
     }
   }
@@ -280,12 +318,12 @@ struct ChainRun {
   /// Runs the rest of the plan, streamed afresh (so a retained graph can run it again), looking
   /// one action ahead: a record followed by its own reverse may stop its replay early.
   void run_backward() {
-    const std::unique_ptr<ActionStream> stream = plan.stream();
+    ActionReader stream(plan.stream());
     Action act{Action::Kind::free, 0}, ahead{Action::Kind::free, 0};
-    for (std::size_t a = 0; a < plan.forward_actions; ++a) REMAT_ASSERT(stream->next(act));
-    bool have = stream->next(act);
+    for (std::size_t a = 0; a < plan.forward_actions; ++a) REMAT_ASSERT(stream.next(act));
+    bool have = stream.next(act);
     while (have) {
-      const bool have_ahead = stream->next(ahead);
+      const bool have_ahead = stream.next(ahead);
       execute(act, have_ahead ? &ahead : nullptr, false);
       act = ahead;
       have = have_ahead;

@@ -12,7 +12,9 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -42,11 +44,20 @@ struct Action {
 };
 
 /// What a step costs: compute (any unit, e.g. seconds or FLOPs), the bytes of its input state
-/// x_i (what a snapshot of it holds), and the bytes its recorded tape saves.
+/// x_i (what a snapshot of it holds), and the bytes its recorded tape saves. The fields after
+/// activation_bytes say which of those bytes the executor shares or holds only for a while, so a
+/// plan predicts what memory_stats() will count (measure_steps fills them; left at their
+/// defaults, every recorded byte is the step's own for as long as it is recorded).
 struct StepCost {
   double compute = 1.0;
   std::size_t state_bytes = 0;
-  std::size_t activation_bytes = 0;
+  std::size_t activation_bytes = 0;  ///< the most saved at once while recording and reversing it, all told
+  std::size_t param_bytes = 0;       ///< of them, tensors from outside the chain (parameters)
+  std::uint64_t params = 0;          ///< which ones: steps with the same nonzero id share them (counted once)
+  bool reads_input = false;          ///< x_i is among them: one storage with its snapshot or the step before
+  bool saves_output = false;         ///< x_{i+1} is among them: one storage with the next step or its snapshot
+  bool compact = false;              ///< recorded in forward, it is held without its parameters (compact_records.hpp)
+  std::size_t reverse_bytes = 0;     ///< of them, saved only while it is reversed (a checkpoint() inside replays)
 };
 
 using Schedule = std::vector<Action>;
@@ -92,6 +103,27 @@ class ListStream final : public ActionStream {
 
 }  // namespace detail
 
+/// A stream read in batches: one virtual call per 256 actions rather than one per action (what
+/// a million-step schedule costs its consumer is then the stream's own work).
+class ActionReader {
+ public:
+  explicit ActionReader(std::unique_ptr<ActionStream> stream) : stream_(std::move(stream)) {}
+  bool next(Action& out) {
+    if (used_ == got_) {
+      got_ = stream_->next(batch_.data(), batch_.size());
+      used_ = 0;
+      if (got_ == 0) return false;
+    }
+    out = batch_[used_++];
+    return true;
+  }
+
+ private:
+  std::unique_ptr<ActionStream> stream_;
+  std::array<Action, 256> batch_{};
+  std::size_t got_ = 0, used_ = 0;
+};
+
 /// The whole schedule as a list, each advance of several steps split into single steps: for
 /// tests and small chains (a list of F(L, s) actions is exactly what streams avoid holding).
 inline Schedule materialise(ActionStream& stream) {
@@ -134,7 +166,12 @@ struct Plan {
     auto s = stream();
     return remat::materialise(*s);
   }
+  /// The plan in a few lines of bounded size, however long the chain: its counts and bytes, and
+  /// the first and last few lines of its action table.
   std::string str() const;
+  /// The whole action table (runs of one action over consecutive steps as one line): for short
+  /// chains; a plan of more than `max_actions` actions is an error rather than megabytes of text.
+  std::string actions_str(std::size_t max_actions = 100000) const;
 };
 
 namespace detail {
@@ -386,6 +423,116 @@ class BinomialStream final : public ActionStream {
   std::size_t buffered_ = 0, used_ = 0;
 };
 
+/// Step i's recorded bytes split by who else may hold them: its input x_i (when it reads it), its
+/// output x_{i+1} (when it saves it and a step follows; the last step's output is its own), and
+/// the rest, parameters and what only its reversal saves left out.
+struct RecordedBytes {
+  std::size_t input = 0, output = 0, own = 0;
+};
+inline RecordedBytes recorded_bytes(const std::vector<StepCost>& costs, std::int64_t i) {
+  const StepCost& c = costs[static_cast<std::size_t>(i)];
+  RecordedBytes b;
+  b.input = c.reads_input ? c.state_bytes : 0;
+  b.output = c.saves_output && static_cast<std::size_t>(i) + 1 < costs.size() ? costs[static_cast<std::size_t>(i) + 1].state_bytes : 0;
+  const std::size_t shared = b.input + b.output + c.param_bytes + c.reverse_bytes;
+  b.own = c.activation_bytes > shared ? c.activation_bytes - shared : 0;
+  return b;
+}
+
+/// The bytes the executor (chain.hpp) holds for backward as a schedule runs, counted as
+/// memory_stats() counts them: per storage, once however many hold it. A snapshot of x_i and the
+/// recorded step that reads x_i hold one storage; so do a step that saves its output and the next
+/// one reading it, and steps sharing parameters. A step recorded in forward with `compact` is
+/// held without its parameters, which it saves again for the moment it is rebuilt and reversed.
+class SavedBytesModel {
+ public:
+  explicit SavedBytesModel(const std::vector<StepCost>& costs) : costs_(costs) {}
+  std::size_t bytes() const { return bytes_; }
+  std::size_t peak() const { return peak_; }
+
+  void advance() { current_ = next_id_++; }
+  void snapshot(std::int64_t i, bool disk) {
+    kept_.emplace_back(i, current_);
+    const auto k = static_cast<std::size_t>(i);
+    if (!disk) hold(current_, k < costs_.size() ? costs_[k].state_bytes : 0);
+    else kept_.back().second |= kDisk;
+  }
+  void restore(std::int64_t i) {
+    const std::uint64_t id = find(kept_, i)->second;
+    current_ = id & kDisk ? next_id_++ : id;  // a file is read back into a new tensor
+  }
+  void free(std::int64_t i) {
+    auto it = find(kept_, i);
+    if (!(it->second & kDisk)) release(it->second);
+    kept_.erase(it);
+  }
+  void record(std::int64_t i, bool forward) {
+    const StepCost& c = costs_[static_cast<std::size_t>(i)];
+    const RecordedBytes b = recorded_bytes(costs_, i);
+    Held h{i, b.input ? current_ : 0, 0, b.own ? next_id_++ : 0, 0, forward && c.compact};
+    current_ = next_id_++;
+    if (b.output) h.output = current_;
+    if (c.param_bytes) h.params = c.params ? kShared | c.params : next_id_++;
+    hold(h.input, b.input);
+    hold(h.output, b.output);
+    hold(h.own, b.own);
+    hold(h.params, c.param_bytes);  // a compact step's graph exists until it is held compactly
+    if (h.compact) release(h.params);
+    recorded_.push_back(h);
+  }
+  void reverse(std::int64_t i) {
+    const StepCost& c = costs_[static_cast<std::size_t>(i)];
+    auto it = find(recorded_, i);
+    if (it->compact) hold(it->params, c.param_bytes);  // rebuilt: its nodes save the parameters again
+    peak_ = std::max(peak_, bytes_ + c.reverse_bytes);
+    for (std::uint64_t id : {it->input, it->output, it->own, it->params}) release(id);
+    recorded_.erase(it);
+  }
+
+ private:
+  static constexpr std::uint64_t kShared = std::uint64_t{1} << 63, kDisk = std::uint64_t{1} << 62;
+  struct Held {
+    std::int64_t step;
+    std::uint64_t input, output, own, params;  // storage ids, 0 for none
+    bool compact;
+  };
+  void hold(std::uint64_t id, std::size_t bytes) {
+    if (id == 0) return;
+    auto& [b, refs] = books_[id];
+    if (refs++ == 0) {
+      b = bytes;
+      bytes_ += bytes;
+      peak_ = std::max(peak_, bytes_);
+    }
+  }
+  void release(std::uint64_t id) {
+    if (id == 0) return;
+    auto it = books_.find(id);
+    if (--it->second.second == 0) {
+      bytes_ -= it->second.first;
+      books_.erase(it);
+    }
+  }
+  // Newest first: schedules restore, free and reverse what they made last.
+  template <class V>
+  static typename V::iterator find(V& v, std::int64_t i) {
+    auto it = v.end();
+    while (it != v.begin())
+      if (step_of(*--it) == i) return it;
+    REMAT_ASSERT(false);
+    return v.end();
+  }
+  static std::int64_t step_of(const std::pair<std::int64_t, std::uint64_t>& k) { return k.first; }
+  static std::int64_t step_of(const Held& h) { return h.step; }
+
+  const std::vector<StepCost>& costs_;
+  std::unordered_map<std::uint64_t, std::pair<std::size_t, int>> books_;  // id -> bytes, holders
+  std::vector<std::pair<std::int64_t, std::uint64_t>> kept_;
+  std::vector<Held> recorded_;
+  std::uint64_t current_ = 1, next_id_ = 2;
+  std::size_t bytes_ = 0, peak_ = 0;
+};
+
 /// Runs the bookkeeping of a schedule: checks it is well-formed (every step recorded then
 /// reversed exactly once, newest first; restores and frees of kept states only; the forward
 /// phase ends by recording f_{L-1}) and fills the plan's counts and, with costs, its bytes. One
@@ -398,7 +545,7 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
   p.steps = L;
   p.has_costs = costs != nullptr;
   std::int64_t pos = 0, next_reverse = L - 1;
-  // Kept snapshots and recorded steps, with their bytes. Schedules use them last-in first-out
+  // Kept snapshots and recorded steps (their bytes: SavedBytesModel). Schedules use them last-in first-out
   // (restore and free the newest snapshot, reverse the newest record), so searches start at the
   // back and are O(1) in practice; no allocation per action, and no search on insertion (a
   // duplicate shows at the end as a state never freed or a record never reversed).
@@ -410,9 +557,9 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
       if (v[k].first == i) return static_cast<std::ptrdiff_t>(k);
     return std::ptrdiff_t{-1};
   };
-  std::size_t bytes = 0;
+  std::optional<SavedBytesModel> bytes;
+  if (costs) bytes.emplace(*costs);
   bool forward_done = false;
-  auto state = [&](std::int64_t i) { return costs && i < L ? (*costs)[static_cast<std::size_t>(i)].state_bytes : 0; };
   const std::unique_ptr<ActionStream> stream = make_stream();
   std::array<Action, 256> batch;
   std::size_t a = 0, got = 0;
@@ -431,15 +578,16 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
                     a, i, i + act.count - 1, pos);
         pos += act.count;
         p.advances += act.count;
+        if (bytes) bytes->advance();
         if (costs)
           for (std::int64_t k = i; k < i + act.count; ++k) p.compute += (*costs)[static_cast<std::size_t>(k)].compute;
         break;
       case K::snapshot:
         // (A second snapshot of a kept state is caught at the end: one of the two is never freed.)
         REMAT_CHECK(pos == i, "schedule: action {} snapshots x_{} at position {}", a, i, pos);
-        kept.emplace_back(i, act.disk ? 0 : state(i));  // a snapshot on disk holds no memory
+        kept.emplace_back(i, 0);
         kept_on_disk.push_back(act.disk);
-        bytes += kept.back().second;
+        if (bytes) bytes->snapshot(i, act.disk);
         if (act.disk) {
           ++p.disk_writes;
           p.peak_disk_snapshots = std::max(p.peak_disk_snapshots, ++on_disk);
@@ -450,13 +598,14 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
         REMAT_CHECK(k >= 0, "schedule: action {} restores x_{}, which is not kept", a, i);
         REMAT_CHECK(forward_done, "schedule: the forward phase (up to recording the last step) must not restore");
         if (kept_on_disk[static_cast<std::size_t>(k)]) ++p.disk_reads;
+        if (bytes) bytes->restore(i);
         pos = i;
         break;
       }
       case K::free: {
         const std::ptrdiff_t k = find(kept, i);
         REMAT_CHECK(k >= 0, "schedule: action {} frees x_{}, which is not kept", a, i);
-        bytes -= kept[static_cast<std::size_t>(k)].second;
+        if (bytes) bytes->free(i);
         if (kept_on_disk[static_cast<std::size_t>(k)]) --on_disk;
         kept.erase(kept.begin() + k);
         kept_on_disk.erase(kept_on_disk.begin() + k);
@@ -465,9 +614,8 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
       case K::record: {
         // (A step recorded twice is caught at the end: one of the two records is never reversed.)
         REMAT_CHECK(pos == i && i < L, "schedule: action {} records step {} at position {}", a, i, pos);
-        const std::size_t b = costs ? (*costs)[static_cast<std::size_t>(i)].activation_bytes : 0;
-        recorded.emplace_back(i, b);
-        bytes += b;
+        recorded.emplace_back(i, 0);
+        if (bytes) bytes->record(i, !forward_done);
         ++pos;
         ++p.records;
         if (costs) p.compute += (*costs)[static_cast<std::size_t>(i)].compute;
@@ -478,7 +626,7 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
         const std::ptrdiff_t k = find(recorded, i);
         REMAT_CHECK(i == next_reverse && k >= 0,
                     "schedule: action {} reverses step {}, but step {} is next and must be recorded", a, i, next_reverse);
-        bytes -= recorded[static_cast<std::size_t>(k)].second;
+        if (bytes) bytes->reverse(i);
         recorded.erase(recorded.begin() + k);
         --next_reverse;
         break;
@@ -486,11 +634,11 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
     }
     p.peak_snapshots = std::max<std::int64_t>(p.peak_snapshots, static_cast<std::int64_t>(kept.size()));
     p.peak_recorded = std::max<std::int64_t>(p.peak_recorded, static_cast<std::int64_t>(recorded.size()));
-    p.peak_bytes = std::max(p.peak_bytes, bytes);
+    if (bytes) p.peak_bytes = bytes->peak();
     if (!forward_done && act.kind == K::record && i == L - 1) {
       forward_done = true;
       p.forward_actions = a + 1;
-      p.forward_end_bytes = bytes;
+      p.forward_end_bytes = bytes ? bytes->bytes() : 0;
     }
   }
   REMAT_CHECK(forward_done && next_reverse == -1, "schedule: not every step was reversed ({} left)", next_reverse + 1);
@@ -689,49 +837,94 @@ inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>* c
 }
 inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>& costs) { return plan(p, L, &costs); }
 
+namespace detail {
+
+/// The action table's lines, produced one at a time from the plan's stream: runs of the same
+/// action over consecutive steps are one line.
+class PlanLines {
+ public:
+  explicit PlanLines(const Plan& p) : stream_(p.stream()), forward_actions_(p.forward_actions) {}
+  static std::string header() { return fmt::format("{:<9} {:<9} {:<12}\n", "phase", "action", "steps"); }
+  /// The next line (with its newline); false at the end.
+  bool next(std::string& line) {
+    using K = Action::Kind;
+    Action a{K::free, 0};
+    while (!done_) {
+      if (!stream_->next(a)) {
+        done_ = true;
+        break;
+      }
+      const bool forward = index_++ < forward_actions_;
+      const std::int64_t begin = a.step, end = a.kind == K::advance ? a.step + a.count - 1 : a.step;
+      const int dir = a.kind == K::reverse ? -1 : 1;
+      const bool mergeable = a.kind == K::advance || a.kind == K::record || a.kind == K::reverse;
+      if (open_ && mergeable && a.kind == first_.kind && forward == first_forward_ && begin == last_step_ + dir) {
+        last_step_ = end;
+        continue;
+      }
+      const bool had = open_;
+      if (had) line = format();
+      open_ = true;
+      first_ = a;
+      first_forward_ = forward;
+      last_step_ = end;
+      if (had) return true;
+    }
+    if (!open_) return false;
+    line = format();
+    open_ = false;
+    return true;
+  }
+  std::size_t actions_read() const { return index_; }
+
+ private:
+  std::string format() const {
+    const std::string range = last_step_ == first_.step ? fmt::format("{}", first_.step) : fmt::format("{}..{}", first_.step, last_step_);
+    return fmt::format("{:<9} {:<9} {:<12}{}\n", first_forward_ ? "forward" : "backward", action_name(first_.kind), range,
+                       first_.kind == Action::Kind::snapshot && first_.disk ? " to disk" : "");
+  }
+  std::unique_ptr<ActionStream> stream_;
+  std::size_t forward_actions_, index_ = 0;
+  bool open_ = false, done_ = false, first_forward_ = false;
+  Action first_{Action::Kind::free, 0};
+  std::int64_t last_step_ = 0;
+};
+
+}  // namespace detail
+
 inline std::string Plan::str() const {
-  std::string out = fmt::format("plan {} for {} steps: {} advances (non-recording), {} records, at most {} snapshots and "
-                                "{} recorded steps alive", policy, steps, advances, records, peak_snapshots, peak_recorded);
+  std::string out = fmt::format("plan {} for {} steps: {} actions, {} advances (non-recording), {} records, at most {} "
+                                "snapshots and {} recorded steps alive", policy, steps, actions, advances, records,
+                                peak_snapshots, peak_recorded);
   if (has_costs) out += fmt::format(", predicted peak {} bytes ({} at the end of forward), compute {:.4g}", peak_bytes,
                                     forward_end_bytes, compute);
   if (disk_writes > 0)
     out += fmt::format(", {} snapshots written to disk (at most {} there at once) and {} read back", disk_writes,
                        peak_disk_snapshots, disk_reads);
   if (!note.empty()) out += fmt::format("\nnote: {}", note);
-  out += fmt::format("\n{:<9} {:<9} {:<12}\n", "phase", "action", "steps");
-  // Runs of the same action over consecutive steps print as one line; streamed, so a long plan
-  // prints without being held.
-  using K = Action::Kind;
-  const std::unique_ptr<ActionStream> s = stream();
-  Action a{K::free, 0};
-  std::size_t index = 0;
-  bool open = false;
-  Action first{K::free, 0};
-  std::int64_t last_step = 0;
-  bool first_forward = false;
-  auto flush = [&] {
-    if (!open) return;
-    const std::string range = last_step == first.step ? fmt::format("{}", first.step) : fmt::format("{}..{}", first.step, last_step);
-    out += fmt::format("{:<9} {:<9} {:<12}{}\n", first_forward ? "forward" : "backward", detail::action_name(first.kind),
-                       range, first.kind == K::snapshot && first.disk ? " to disk" : "");
-    open = false;
-  };
-  for (; s->next(a); ++index) {
-    const bool forward = index < forward_actions;
-    const std::int64_t begin = a.step, end = a.kind == K::advance ? a.step + a.count - 1 : a.step;
-    const int dir = a.kind == K::reverse ? -1 : 1;
-    const bool mergeable = a.kind == K::advance || a.kind == K::record || a.kind == K::reverse;
-    if (open && mergeable && a.kind == first.kind && forward == first_forward && begin == last_step + dir) {
-      last_step = end;
-      continue;
-    }
-    flush();
-    open = true;
-    first = a;
-    first_forward = forward;
-    last_step = end;
+  out += "\n" + detail::PlanLines::header();
+  // The first and last few lines of the table: a ring of the last ones, so the text stays a few
+  // kilobytes for any chain (the whole table is actions_str()).
+  constexpr std::size_t kEnds = 8;
+  detail::PlanLines lines(*this);
+  std::string line;
+  std::size_t n = 0;
+  std::array<std::string, kEnds> last;
+  for (; lines.next(line); ++n) {
+    if (n < kEnds) out += line;
+    else last[n % kEnds] = std::move(line);
   }
-  flush();
+  if (n > 2 * kEnds) out += fmt::format("... {} more lines (Plan::actions_str() lists them all) ...\n", n - 2 * kEnds);
+  for (std::size_t k = std::max(kEnds, n > kEnds ? n - kEnds : kEnds); k < n; ++k) out += last[k % kEnds];
+  return out;
+}
+
+inline std::string Plan::actions_str(std::size_t max_actions) const {
+  REMAT_CHECK(actions <= max_actions, "Plan::actions_str: plan {} has {} actions, more than the {} asked for at most; "
+              "str() summarises any plan, or stream() gives the actions one at a time", policy, actions, max_actions);
+  std::string out = detail::PlanLines::header(), line;
+  detail::PlanLines lines(*this);
+  while (lines.next(line)) out += line;
   return out;
 }
 

@@ -4,16 +4,19 @@
 // carries the tensor's shape, its byte count and a hash of its bytes; a file missing, truncated or
 // altered between forward and backward is a remat::Error naming it, never a wrong gradient. The
 // file is removed when the snapshot is dropped — after the backward, or during unwinding when an
-// exception ends it early — so the directory is left as it was found.
+// exception ends it early — so the directory is left as it was found; every I/O error carries the
+// OS's reason.
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "remat/checkpoint/replay.hpp"
@@ -42,47 +45,106 @@ class MemorySnapshot final : public Snapshot {
   Tensor tensor_;
 };
 
-/// A kept state in a file of its own under `directory`.
+/// `directory` made absolute against the working directory now, so that a chdir later (between
+/// a chain's forward and its backward, say) does not move the files it names.
+inline std::string absolute_directory(const std::string& directory) {
+  if (directory.empty() || directory.front() == '/') return directory;
+  std::vector<char> cwd(4096);
+  while (::getcwd(cwd.data(), cwd.size()) == nullptr) {
+    REMAT_CHECK(errno == ERANGE, "chain snapshot: cannot make the directory '{}' absolute: the working directory is "
+                "unknown ({})", directory, std::strerror(errno));
+    cwd.resize(cwd.size() * 2);
+  }
+  return std::string(cwd.data()) + "/" + directory;
+}
+
+/// Reads up to `size` bytes (fewer only at the end of the file); an error names the file and the
+/// OS's reason.
+inline std::size_t read_fully(int fd, void* out, std::size_t size, const std::string& path) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ::ssize_t n = ::read(fd, static_cast<char*>(out) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    REMAT_CHECK(n >= 0, "chain snapshot: cannot read the file '{}': {}", path, std::strerror(errno));
+    if (n == 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  return done;
+}
+
+/// Writes all `size` bytes, or returns false with errno telling why.
+inline bool write_fully(int fd, const void* data, std::size_t size) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ::ssize_t n = ::write(fd, static_cast<const char*>(data) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = ENOSPC;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+/// Closes a file descriptor when it goes out of scope.
+struct FileDescriptor {
+  int fd;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+/// A kept state in a file of its own under `directory` (made absolute when the file is made).
+/// Only the process that made the file removes it: a child forked after the forward holds copies
+/// of the snapshots, and its exit must not delete the files its parent's backward will read.
 class DiskSnapshot final : public Snapshot {
  public:
-  DiskSnapshot(const Tensor& t, const std::string& directory, std::int64_t position) : shape_(t.shape()) {
+  DiskSnapshot(const Tensor& t, const std::string& directory, std::int64_t position)
+      : shape_(t.shape()), owner_(::getpid()) {
     static std::atomic<std::uint64_t> serial{0};
-    path_ = fmt::format("{}/remat-{}-{}-x{}.snapshot", directory, ::getpid(), serial.fetch_add(1), position);
+    path_ = fmt::format("{}/remat-{}-{}-x{}.snapshot", absolute_directory(directory), owner_, serial.fetch_add(1),
+                        position);
     bytes_ = t.nbytes();
     hash_ = fingerprint(t);
-    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
-    REMAT_CHECK(out.good(), "chain snapshot: cannot create '{}' (does the directory exist and is it writable?)", path_);
     Header header{kMagic, static_cast<std::uint64_t>(shape_.rank()), {}, bytes_, hash_};
     for (int d = 0; d < shape_.rank(); ++d) header.dims[d] = static_cast<std::uint64_t>(shape_[d]);
-    out.write(reinterpret_cast<const char*>(&header), sizeof header);
-    out.write(static_cast<const char*>(static_cast<const void*>(t.data())), static_cast<std::streamsize>(bytes_));
-    out.close();
-    if (!out.good()) {
-      std::remove(path_.c_str());
-      throw Error(fmt::format("chain snapshot: writing {} bytes to '{}' failed (disk full?)", bytes_, path_));
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    REMAT_CHECK(fd >= 0, "chain snapshot: cannot create '{}': {} (does the directory exist and is it writable?)", path_,
+                std::strerror(errno));
+    const bool written = write_fully(fd, &header, sizeof header) && write_fully(fd, t.data(), bytes_);
+    const int write_error = errno;
+    if (::close(fd) != 0 || !written) {
+      const std::string why = std::strerror(written ? errno : write_error);
+      ::unlink(path_.c_str());
+      throw Error(fmt::format("chain snapshot: writing {} bytes to '{}' failed: {}", bytes_, path_, why));
     }
   }
-  ~DiskSnapshot() override { std::remove(path_.c_str()); }
+  ~DiskSnapshot() override {
+    if (::getpid() == owner_) std::remove(path_.c_str());
+  }
   DiskSnapshot(const DiskSnapshot&) = delete;
   DiskSnapshot& operator=(const DiskSnapshot&) = delete;
 
   Tensor load() const override {
-    std::ifstream in(path_, std::ios::binary);
-    REMAT_CHECK(in.good(), "chain snapshot: the file '{}' holding state {} is missing; it was removed between "
-                "forward and backward", path_, shape_);
+    const FileDescriptor file{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (file.fd < 0) {
+      const int why = errno;
+      REMAT_CHECK(why != ENOENT, "chain snapshot: the file '{}' holding state {} is missing ({}); it was removed "
+                  "between forward and backward", path_, shape_, std::strerror(why));
+      throw Error(fmt::format("chain snapshot: cannot open the file '{}' holding state {}: {}", path_, shape_,
+                              std::strerror(why)));
+    }
     Header h{};
-    in.read(reinterpret_cast<char*>(&h), sizeof h);
-    bool ok = in.gcount() == static_cast<std::streamsize>(sizeof h) && h.magic == kMagic && h.bytes == bytes_ &&
+    bool ok = read_fully(file.fd, &h, sizeof h, path_) == sizeof h && h.magic == kMagic && h.bytes == bytes_ &&
               h.rank == static_cast<std::uint64_t>(shape_.rank()) && h.hash == hash_;
     for (int d = 0; ok && d < shape_.rank(); ++d) ok = h.dims[d] == static_cast<std::uint64_t>(shape_[d]);
     REMAT_CHECK(ok, "chain snapshot: the file '{}' does not hold the state of shape {} written to it (its header "
                 "was changed or truncated)", path_, shape_);
     Tensor t(shape_);
-    in.read(static_cast<char*>(static_cast<void*>(t.data())), static_cast<std::streamsize>(bytes_));
-    REMAT_CHECK(in.gcount() == static_cast<std::streamsize>(bytes_),
-                "chain snapshot: the file '{}' is truncated: {} of {} bytes of state {} left", path_, in.gcount(),
+    const std::size_t got = read_fully(file.fd, t.data(), bytes_, path_);
+    REMAT_CHECK(got == bytes_, "chain snapshot: the file '{}' is truncated: {} of {} bytes of state {} left", path_, got,
                 bytes_, shape_);
-    REMAT_CHECK(in.peek() == std::char_traits<char>::eof(), "chain snapshot: the file '{}' has bytes past its end", path_);
+    char extra = 0;
+    REMAT_CHECK(read_fully(file.fd, &extra, 1, path_) == 0, "chain snapshot: the file '{}' has bytes past its end", path_);
     REMAT_CHECK(fingerprint(t) == hash_,
                 "chain snapshot: the bytes in '{}' changed since they were written (state {})", path_, shape_);
     return t;
@@ -101,6 +163,7 @@ class DiskSnapshot final : public Snapshot {
   };
 
   Shape shape_;
+  ::pid_t owner_;
   std::string path_;
   std::size_t bytes_ = 0;
   std::uint64_t hash_ = 0;

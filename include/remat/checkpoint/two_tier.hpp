@@ -11,6 +11,7 @@
 #include <string>
 
 #include "remat/checkpoint/schedule.hpp"
+#include "remat/checkpoint/snapshot.hpp"
 #include "remat/checkpoint/two_level.hpp"
 
 namespace remat {
@@ -40,7 +41,8 @@ namespace policy {
 /// step): the schedule of least predicted time, advances + write·writes + read·reads, by the
 /// dynamic program of two_level.hpp — exact up to its tables' length, and past it the better of
 /// the grouped tables and the binomial-with-disk family (the plan's note says which). The plan's
-/// table marks the snapshots that go to disk.
+/// table marks the snapshots that go to disk. A relative directory is taken against the working
+/// directory when the policy is made: a chdir later changes nothing.
 inline Policy two_tier(std::int64_t ram_slots, std::int64_t disk_slots, std::string directory, TierCosts costs = {}) {
   REMAT_CHECK(ram_slots >= 0 && disk_slots >= 0 && ram_slots + disk_slots >= 1,
               "policy::two_tier: needs at least one snapshot slot (memory or disk), got {} in memory and {} on disk",
@@ -96,7 +98,7 @@ inline Policy two_tier(std::int64_t ram_slots, std::int64_t disk_slots, std::str
              }
              return std::make_unique<detail::TwoLevelStream>(std::move(c.table));
            }};
-  p.disk_directory = std::move(directory);
+  p.disk_directory = detail::absolute_directory(directory);
   return p;
 }
 

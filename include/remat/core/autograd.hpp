@@ -84,6 +84,7 @@ inline Tape& current_tape() { return *detail::autograd_state().tapes.back(); }
 /// Makes `tape` the current tape for the guard's lifetime (nested tapes are how replay works).
 class TapeGuard {
  public:
+  /// Pushes `tape` as the current tape (popped by the destructor).
   explicit TapeGuard(Tape& tape) { detail::autograd_state().tapes.push_back(&tape); }
   ~TapeGuard() { detail::autograd_state().tapes.pop_back(); }
   TapeGuard(const TapeGuard&) = delete;

@@ -14,6 +14,7 @@ namespace remat {
 /// op, the arguments and what was expected.
 class Error : public std::runtime_error {
  public:
+  /// An error with the complete message (what happened, with shapes or numbers).
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 

@@ -16,6 +16,7 @@
 
 namespace remat {
 
+/// The counting allocator's figures for tensor storage, in bytes unless said otherwise.
 struct MemoryStats {
   std::size_t live_bytes = 0;        ///< tensor bytes allocated now
   std::size_t peak_bytes = 0;        ///< the most live_bytes has been since the last reset
@@ -27,11 +28,21 @@ struct MemoryStats {
 namespace detail {
 
 /// Alignment of every storage of kSmallStorage bytes or more: a cache line, which covers Eigen's
-/// vectorised loads. Smaller ones take operator new's own 16 bytes: a tensor of a few dozen floats
-/// gains nothing from a cache line, and the allocator's padding for one would cost it up to half
-/// its size again (a long chain of small states holds one per step).
+/// vectorised loads. Smaller ones take the build's vector width (operator new's own 16 bytes with
+/// SSE): a tensor of a few dozen floats gains nothing from a cache line, and the allocator's
+/// padding for one would cost it up to half its size again (a long chain of small states holds one
+/// per step). Not less than the vector width, though: Eigen computes a row's head up to its first
+/// aligned packet on the scalar path, whose exp and sqrt are other functions than the vectorised
+/// ones, so a row's bits would depend on where malloc put the tensor (a replay's copy, say).
 inline constexpr std::size_t kStorageAlignment = 64;
 inline constexpr std::size_t kSmallStorage = 256;
+#if defined(__AVX512F__)
+inline constexpr std::size_t kSmallAlignment = 64;
+#elif defined(__AVX__)
+inline constexpr std::size_t kSmallAlignment = 32;
+#else
+inline constexpr std::size_t kSmallAlignment = 16;
+#endif
 
 struct ScopePeaks {
   std::size_t peak_bytes = 0;
@@ -85,7 +96,10 @@ class MemoryLedger {
       }
     }
     if (p) return p;
-    return block < kSmallStorage ? ::operator new(block) : ::operator new(block, std::align_val_t{kStorageAlignment});
+    if (block >= kSmallStorage) return ::operator new(block, std::align_val_t{kStorageAlignment});
+    if constexpr (kSmallAlignment > __STDCPP_DEFAULT_NEW_ALIGNMENT__)
+      return ::operator new(block, std::align_val_t{kSmallAlignment});
+    return ::operator new(block);
   }
   void deallocate(void* p, std::size_t bytes) {
     const std::size_t block = block_size(bytes);
@@ -159,12 +173,14 @@ class MemoryLedger {
 
   static std::size_t block_size(std::size_t bytes) {
     if (!kRoundBlocks) return std::max<std::size_t>(1, bytes);
-    const std::size_t unit = bytes < kSmallStorage ? 16 : kStorageAlignment;
+    const std::size_t unit = bytes < kSmallStorage ? kSmallAlignment : kStorageAlignment;
     return std::max<std::size_t>(unit, (bytes + unit - 1) / unit * unit);
   }
   static void free_block(void* p, std::size_t block) {
-    if (block < kSmallStorage) ::operator delete(p);
-    else ::operator delete(p, std::align_val_t{kStorageAlignment});
+    if (block >= kSmallStorage) ::operator delete(p, std::align_val_t{kStorageAlignment});
+    else if constexpr (kSmallAlignment > __STDCPP_DEFAULT_NEW_ALIGNMENT__)
+      ::operator delete(p, std::align_val_t{kSmallAlignment});
+    else ::operator delete(p);
   }
 
   std::mutex mutex_;
@@ -198,9 +214,13 @@ class MemoryScope {
   MemoryScope(const MemoryScope&) = delete;
   MemoryScope& operator=(const MemoryScope&) = delete;
 
+  /// live_bytes when the scope was constructed.
   std::size_t start_bytes() const { return start_.live_bytes; }
+  /// saved_bytes when the scope was constructed.
   std::size_t start_saved_bytes() const { return start_.saved_bytes; }
+  /// The most live_bytes has been since the scope was constructed.
   std::size_t peak_bytes() const { return peaks_.peak_bytes; }
+  /// The most saved_bytes has been since the scope was constructed.
   std::size_t peak_saved_bytes() const { return peaks_.peak_saved_bytes; }
   /// Peak above the level at construction: what the measured code needed on top.
   std::size_t peak_bytes_above_start() const { return peaks_.peak_bytes - start_.live_bytes; }

@@ -28,6 +28,7 @@ namespace remat {
 class OpId {
  public:
   constexpr OpId() = default;
+  /// The registered name, or "(unnamed op)" for a default-constructed id.
   const char* name() const { return name_ ? name_ : "(unnamed op)"; }
   friend bool operator==(OpId a, OpId b) { return a.name_ == b.name_ || (a.name_ && b.name_ && std::strcmp(a.name_, b.name_) == 0); }
   friend bool operator!=(OpId a, OpId b) { return !(a == b); }
@@ -74,6 +75,7 @@ inline OpId find_op(std::string_view name, const char* who = "find_op") {
 /// attention's log-sum-exp, max's indices, cross_entropy's probabilities): `count` says how many,
 /// and they travel together, so whoever keeps an op's output keeps all of it.
 struct OpOutput {
+  /// Which op.
   OpId op;
   const Shape& shape;  ///< the op's (first) output; `shapes` has all `count` of them
   const char* dtype;   ///< its element type
@@ -89,9 +91,11 @@ struct OpOutput {
 /// storages the op's compute reads, and the compute itself, which returns fresh tensors bitwise
 /// equal to the first ones (a random op's compute holds the generator state it drew at).
 struct Recompute {
+  /// The storages the compute reads (its inputs), which must stay available to recompute.
   std::vector<std::shared_ptr<detail::Storage>> reads;
   /// References to each of `reads` that `compute` itself holds (its captured tensors).
   std::vector<int> held_by_compute;
+  /// Computes the outputs again: fresh tensors bitwise equal to the first ones.
   std::function<std::vector<detail::TensorRef>()> compute;
   /// Outputs whose storage has a serial below this existed before the op ran (a view of an
   /// input, as reshape makes): they are not the op's to recompute.
@@ -152,6 +156,7 @@ class OpOutputHook {
   };
 
  protected:
+  /// The handler that was current when this one was installed (null for the outermost).
   OpOutputHook* outer() const { return outer_; }
 
  private:

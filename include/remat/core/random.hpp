@@ -81,20 +81,31 @@ inline void philox_blocks(std::uint64_t seed, std::uint64_t first, std::uint32_t
 
 }  // namespace detail
 
+/// A counter-based (Philox) random generator: its whole state is a seed and a count of blocks used,
+/// so saving the state and restoring it replays the same draws (what checkpoint replays rely on).
 class Generator {
  public:
+  /// Everything a generator is: restoring it repeats the draws that followed.
   struct State {
+    /// The key the Philox rounds use.
     std::uint64_t seed = 0;
     std::uint64_t offset = 0;  ///< blocks of 128 random bits consumed so far
+    /// Same seed and offset.
     bool operator==(const State& o) const { return seed == o.seed && offset == o.offset; }
+    /// Not operator==.
     bool operator!=(const State& o) const { return !(*this == o); }
   };
 
+  /// A generator at the start of `seed`'s stream.
   explicit Generator(std::uint64_t seed = 0) : state_{seed, 0} {}
 
+  /// The current state, to restore later with set_state.
   State state() const { return state_; }
+  /// Resumes from a state taken by state().
   void set_state(State s) { state_ = s; }
+  /// Restarts at the beginning of `seed`'s stream (as torch.manual_seed).
   void manual_seed(std::uint64_t seed) { state_ = {seed, 0}; }
+  /// The seed of the current stream.
   std::uint64_t seed() const { return state_.seed; }
 
   /// The next 128 random bits.

@@ -12,9 +12,12 @@
 
 namespace remat {
 
+/// One tensor saved for backward, as saved_tensors() lists it.
 struct SavedTensorInfo {
   std::string op;     ///< the op (or checkpoint segment) that saved it
+  /// Its shape.
   Shape shape;
+  /// Its element type's name ("float32", ...).
   std::string dtype;
   std::size_t bytes;  ///< bytes of its storage
   bool shared;        ///< its storage is also saved by an entry listed earlier (not counted again)
@@ -22,11 +25,14 @@ struct SavedTensorInfo {
   double rebuild_flops = 0;  ///< what recomputing it would cost (when discarded)
 };
 
+/// What the tape holds for backward right now, one entry per saved tensor.
 struct SavedTensorReport {
+  /// Every saved tensor, in tape order.
   std::vector<SavedTensorInfo> entries;
   std::size_t total_bytes = 0;  ///< unique resident storages only: what the tape actually keeps alive
   std::size_t discarded_bytes = 0;  ///< unique storages a memory budget discarded (recomputed on use)
 
+  /// A table: op, shape, dtype and bytes per entry, then the totals.
   std::string str() const {
     std::string out = fmt::format("{:<24} {:<22} {:<8} {:>12}\n", "op", "shape", "dtype", "bytes");
     for (const SavedTensorInfo& e : entries)

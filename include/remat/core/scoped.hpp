@@ -11,6 +11,7 @@ namespace remat {
 template <class T>
 class ScopedValue {
  public:
+  /// Saves slot's value and sets it to `value`.
   ScopedValue(T& slot, T value) : slot_(slot), previous_(std::move(slot)) { slot_ = std::move(value); }
   ~ScopedValue() { slot_ = std::move(previous_); }
   ScopedValue(const ScopedValue&) = delete;

@@ -13,23 +13,33 @@
 
 namespace remat {
 
+/// The sizes of a row-major tensor of rank 0 to 4, held inline (no allocation).
 class Shape {
  public:
+  /// The highest rank a shape may have.
   static constexpr int kMaxRank = 4;
   /// The most elements a shape may describe (2^56): far beyond any memory, and low enough that
   /// numel() times any element size cannot overflow int64.
   static constexpr std::int64_t kMaxNumel = std::int64_t{1} << 56;
 
   Shape() = default;  // rank 0: a scalar
+  /// From sizes, e.g. {B, T, C}: each non-negative, the rank at most kMaxRank, the product at most kMaxNumel.
   Shape(std::initializer_list<std::int64_t> sizes) { assign(sizes.begin(), sizes.end()); }
+  /// From a vector of sizes, checked as the initializer-list form.
   explicit Shape(const std::vector<std::int64_t>& sizes) { assign(sizes.begin(), sizes.end()); }
 
+  /// The number of dims (0 for a scalar).
   int rank() const { return rank_; }
+  /// The size of dim i (0 ≤ i < rank(), unchecked).
   std::int64_t operator[](int i) const { return sizes_[static_cast<std::size_t>(i)]; }
+  /// The size of dim i, writable (unchecked).
   std::int64_t& operator[](int i) { return sizes_[static_cast<std::size_t>(i)]; }
+  /// The first size, for range-for.
   const std::int64_t* begin() const { return sizes_.data(); }
+  /// Past the last size.
   const std::int64_t* end() const { return sizes_.data() + rank_; }
 
+  /// The number of elements: the product of the sizes (1 for a scalar).
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (int i = 0; i < rank_; ++i) n *= sizes_[static_cast<std::size_t>(i)];
@@ -47,6 +57,7 @@ class Shape {
     for (int i = 0; i < dim; ++i) n *= sizes_[static_cast<std::size_t>(i)];
     return n;
   }
+  /// Product of the sizes after `dim`: the same as stride(dim).
   std::int64_t inner(int dim) const { return stride(dim); }
 
   /// Resolves a possibly negative dim against this rank; throws naming `op` if out of range.
@@ -57,27 +68,34 @@ class Shape {
     return static_cast<int>(d < 0 ? d + r : d);
   }
 
+  /// The sizes as a vector.
   std::vector<std::int64_t> vec() const { return {begin(), end()}; }
+  /// A copy with dim i's size replaced by `size`.
   Shape with(int i, std::int64_t size) const {
     Shape s = *this;
     s.sizes_[static_cast<std::size_t>(i)] = size;
     return s;
   }
+  /// A copy with dim i removed.
   Shape without(int i) const {
     std::vector<std::int64_t> v = vec();
     v.erase(v.begin() + i);
     return Shape(v);
   }
+  /// The last n dims.
   Shape last(int n) const { return Shape(std::vector<std::int64_t>(end() - n, end())); }
 
+  /// Same rank and sizes.
   bool operator==(const Shape& o) const {
     if (rank_ != o.rank_) return false;
     for (int i = 0; i < rank_; ++i)
       if (sizes_[static_cast<std::size_t>(i)] != o.sizes_[static_cast<std::size_t>(i)]) return false;
     return true;
   }
+  /// Not operator==.
   bool operator!=(const Shape& o) const { return !(*this == o); }
 
+  /// "(2, 3)" and so on; also how fmt prints a Shape.
   std::string str() const {
     std::string s = "(";
     for (int i = 0; i < rank_; ++i) s += fmt::format(i ? ", {}" : "{}", sizes_[static_cast<std::size_t>(i)]);

@@ -25,10 +25,14 @@ class Tape {
   Tape& operator=(const Tape&) = delete;
   ~Tape() { reset(0); }
 
+  /// The current position: the number of nodes recorded so far.
   TapePosition position() const { return nodes_.size(); }
+  /// The number of nodes.
   std::size_t size() const { return nodes_.size(); }
+  /// The nodes in recording order.
   const std::vector<std::unique_ptr<detail::Node>>& nodes() const { return nodes_; }
 
+  /// Records a node at the end.
   void push(std::unique_ptr<detail::Node> node) {
     prune();
     nodes_.push_back(std::move(node));

@@ -53,9 +53,13 @@ struct AutogradMeta {
 
 }  // namespace detail
 
+/// A tensor of element type T (float for Tensor, std::int64_t for LongTensor): a cheap handle to
+/// shared, contiguous, row-major storage with optional autograd metadata. Copies share data, as in
+/// PyTorch; ops return new tensors.
 template <class T>
 class BasicTensor {
  public:
+  /// The element type.
   using Scalar = T;
 
   BasicTensor() = default;  ///< an undefined tensor (no storage), like a default at::Tensor
@@ -69,14 +73,22 @@ class BasicTensor {
     REMAT_ASSERT(!storage_ || storage_->bytes() >= static_cast<std::size_t>(shape.numel()) * sizeof(T));
   }
 
+  /// Whether it refers to storage (a default-constructed tensor does not).
   bool defined() const { return storage_ != nullptr; }
+  /// The sizes, rank 0 to 4.
   const Shape& shape() const { return shape_; }
+  /// The rank (number of dims).
   int dim() const { return shape_.rank(); }
+  /// The size of dim d; negative d counts from the end.
   std::int64_t size(std::int64_t d) const { return shape_[shape_.dim(d, "size")]; }
+  /// The number of elements.
   std::int64_t numel() const { return shape_.numel(); }
+  /// The bytes its elements take: numel() * sizeof(T).
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
+  /// The element type's name ("float32", ...), as in safetensors.
   static constexpr const char* dtype() { return detail::dtype_name<T>(); }
 
+  /// Read-only access to the elements (row-major); throws if undefined.
   const T* data() const { return static_cast<const T*>(checked_storage().data()); }
   /// Mutable access counts as an in-place write: a tensor saved for backward and then written
   /// through here makes that backward throw instead of returning a wrong gradient.
@@ -84,18 +96,23 @@ class BasicTensor {
     checked_storage().bump_version();
     return static_cast<T*>(storage_->data());
   }
+  /// The const data() on a non-const tensor: a read that does not count as a write.
   const T* cdata() const { return data(); }
 
   /// Element access by full index, bounds-checked.
   const T& at(std::initializer_list<std::int64_t> index) const { return data()[offset(index)]; }
+  /// Mutable element access by full index, bounds-checked (counts as a write, like data()).
   T& at(std::initializer_list<std::int64_t> index) { return data()[offset(index)]; }
+  /// The value of a one-element tensor.
   T item() const {
     REMAT_CHECK(numel() == 1, "item: needs a tensor with one element, got shape {}", shape_);
     return data()[0];
   }
+  /// A copy of the elements, row-major.
   std::vector<T> to_vector() const { return std::vector<T>(data(), data() + numel()); }
 
   // --- autograd -------------------------------------------------------------------------------
+  /// Whether backward computes a gradient for it (set on leaves, inherited by op outputs).
   bool requires_grad() const { return meta_ && meta_->requires_grad; }
   /// Marks a leaf as a parameter-like tensor whose .grad backward fills.
   BasicTensor& requires_grad_(bool on = true) {
@@ -107,6 +124,7 @@ class BasicTensor {
     meta_->requires_grad = on;
     return *this;
   }
+  /// Whether it was made by the user rather than by a recorded op.
   bool is_leaf() const { return !meta_ || meta_->is_leaf(); }
   /// The accumulated gradient; undefined until a backward reaches this tensor.
   BasicTensor grad() const { return meta_ ? meta_->grad : BasicTensor(); }
@@ -127,12 +145,17 @@ class BasicTensor {
   /// the graph is freed as it is walked unless `retain_graph`. Defined in core/autograd.hpp (which
   /// every op and factory header includes), so that the tensor does not include the tape.
   void backward(const BasicTensor& gradient = BasicTensor(), bool retain_graph = false) const;
+  /// backward() without a gradient (a one-element loss), keeping the graph when retain_graph.
   void backward(bool retain_graph) const { backward(BasicTensor(), retain_graph); }
 
   // --- internals used by ops and the tape -------------------------------------------------------
+  /// The storage shared by its copies (null when undefined); for ops and the tape.
   const std::shared_ptr<detail::Storage>& storage() const { return storage_; }
+  /// Its autograd metadata (null when it needs no gradient); for ops and the tape.
   const std::shared_ptr<detail::AutogradMeta<T>>& meta() const { return meta_; }
+  /// Replaces its autograd metadata; for ops attaching a node to an output.
   void set_meta(std::shared_ptr<detail::AutogradMeta<T>> m) { meta_ = std::move(m); }
+  /// Whether both refer to the same storage (copies, views by reshape).
   bool same_storage(const BasicTensor& o) const { return storage_ == o.storage_; }
   /// The same data as a type-erased reference (no autograd metadata).
   detail::TensorRef ref() const { return {storage_, shape_, dtype()}; }

@@ -40,10 +40,12 @@ void parallel_for(std::int64_t n, [[maybe_unused]] std::int64_t grain, F f) {
 #ifdef _OPENMP
   const int threads = static_cast<int>(std::min<std::int64_t>(Eigen::nbThreads(), n / std::max<std::int64_t>(grain, 1)));
   if (threads > 1 && !omp_in_parallel()) {
+    // num_threads is an upper bound: OMP_DYNAMIC, OMP_THREAD_LIMIT or a busy runtime may give the
+    // region fewer threads, so the range is split by the team it got, never the one it asked for.
     REMAT_PRAGMA_OMP(omp parallel num_threads(threads))
     {
-      const std::int64_t t = omp_get_thread_num();
-      f(n * t / threads, n * (t + 1) / threads);
+      const std::int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+      f(n * t / team, n * (t + 1) / team);
     }
     return;
   }

@@ -11,6 +11,8 @@
 // is running library code, since one may still be writing to it.
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -99,6 +101,7 @@ class TimelineSpan {
 /// RAII: records the timeline while it lives and writes it to `path` when it ends (or at stop()).
 class Trace {
  public:
+  /// Starts recording; the timeline goes to `path` (Chrome trace JSON) at the end.
   explicit Trace(std::string path) : path_(std::move(path)) {
     detail::Timeline* expected = nullptr;
     REMAT_CHECK(detail::active_timeline().compare_exchange_strong(expected, &timeline_),
@@ -129,10 +132,12 @@ class Trace {
       }
       events.push_back(std::move(j));
     }
+    errno = 0;
     std::ofstream out(path_);
-    REMAT_CHECK(out.good(), "Trace: cannot write {}", path_);
+    REMAT_CHECK(out.good(), "Trace: cannot write {}: {}", path_, std::strerror(errno));
     out << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-    REMAT_CHECK(out.good(), "Trace: writing {} failed", path_);
+    out.flush();
+    REMAT_CHECK(out.good(), "Trace: writing {} failed: {}", path_, std::strerror(errno));
   }
 
  private:

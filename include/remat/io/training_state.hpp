@@ -122,7 +122,8 @@ inline TrainingState load_training_state_bytes(std::string bytes, const std::str
   REMAT_CHECK(stored == detail::checksum(bytes),
               "training state: {} is damaged: its checksum {} does not match its bytes", path, stored);
 
-  const nlohmann::json head = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header));
+  const auto* image = reinterpret_cast<const unsigned char*>(bytes.data());
+  const nlohmann::json head = io::detail::parse_header(image + 8, image + 8 + header, path);
   REMAT_CHECK(head.contains("__metadata__") && head["__metadata__"].is_object(), "training state: {} has no metadata", path);
   std::map<std::string, std::string> meta;
   for (const auto& [k, v] : head["__metadata__"].items()) {
@@ -197,10 +198,7 @@ inline TrainingState load_training_state_bytes(std::string bytes, const std::str
 /// Reads `path` into model, optimizer and the default generator, and returns the caller's part.
 /// Every name, dtype and shape is checked first; on a remat::Error nothing has changed.
 inline TrainingState load_training_state(const std::string& path, nn::Module& model, optim::Optimizer& optimizer) {
-  std::ifstream in(path, std::ios::binary);
-  REMAT_CHECK(in.good(), "training state: cannot open {}", path);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return load_training_state_bytes(std::move(bytes), path, model, optimizer);
+  return load_training_state_bytes(io::detail::read_file(path, "training state"), path, model, optimizer);
 }
 
 }  // namespace remat::io

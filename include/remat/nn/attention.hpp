@@ -20,6 +20,7 @@ namespace remat::nn {
 ///   q, k, v = split(c_attn(x)),  att = softmax(mask(q kᵀ / √d)),  y = c_proj(dropout(att) v).
 class CausalSelfAttention : public UnaryModule {
  public:
+  /// n_embd: the width C, split into n_head heads of C / n_head; dropout on the probabilities and the output; bias on both Linears.
   CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, double dropout = 0.0, bool bias = true,
                       Generator& gen = default_generator())
       : n_embd(n_embd), n_head(n_head), c_attn(n_embd, 3 * n_embd, bias, gen), c_proj(n_embd, n_embd, bias, gen),
@@ -32,6 +33,7 @@ class CausalSelfAttention : public UnaryModule {
     register_module("resid_dropout", resid_dropout);
   }
 
+  /// x (B, T, C) to (B, T, C).
   Tensor forward(const Tensor& x) override { return resid_dropout(project(x)); }  // x (B, T, C)
 
   /// residual + forward(x), with the dropout and the add in one pass (dropout_add): what a
@@ -40,13 +42,16 @@ class CausalSelfAttention : public UnaryModule {
     return dropout_add(project(x), residual, resid_dropout.p, resid_dropout.is_training());
   }
 
+  /// The width C and the number of heads.
   std::int64_t n_embd, n_head;
   /// One fused attention op on the packed projection (causal_self_attention: saves the projection
   /// and row statistics, never the (T, T) probabilities, and copies no heads); false runs the
   /// explicit ops (split, permute, matmul, masked_fill, softmax, dropout, matmul), which selective
   /// checkpointing can keep individually. Both draw the same dropout masks.
   bool fused = true;
+  /// c_attn: C to 3C (q, k, v packed); c_proj: C to C on the merged heads.
   Linear c_attn, c_proj;
+  /// On the attention probabilities and on the output.
   Dropout attn_dropout, resid_dropout;
 
  private:

@@ -32,8 +32,10 @@ class BlockStack {
   virtual std::vector<Block> blocks() = 0;
   /// How run_blocks runs them from now on; an empty runner restores run_in_order.
   void set_block_runner(BlockRunner runner) { runner_ = std::move(runner); }
+  /// The runner installed by set_block_runner (empty: run_in_order).
   const BlockRunner& block_runner() const { return runner_; }
 
+  /// Runs blocks() on x through the installed runner, or in order when there is none.
   Tensor run_blocks(const Tensor& x) {
     const std::vector<Block> stack = blocks();
     return runner_ ? runner_(stack, x) : run_in_order(stack, x);

@@ -19,13 +19,20 @@
 
 namespace remat::nn {
 
+/// The GPT's hyperparameters (GPT-2's names); the defaults are a small character-level model.
 struct GPTConfig {
+  /// The number of token ids V.
   std::int64_t vocab_size = 256;
   std::int64_t block_size = 64;  ///< the longest context
+  /// The number of Transformer blocks L.
   std::int64_t n_layer = 4;
+  /// Attention heads per block.
   std::int64_t n_head = 4;
+  /// The width C of the residual stream.
   std::int64_t n_embd = 128;
+  /// Dropout probability on embeddings, attention and residuals (0: none).
   double dropout = 0.0;
+  /// Biases in every Linear (but lm_head) and LayerNorm.
   bool bias = true;
   bool tie_weights = false;  ///< lm_head.weight is transformer.wte.weight
 };
@@ -34,6 +41,7 @@ struct GPTConfig {
 /// block, a chain schedule) with remat::apply_checkpointing; the model itself has no such switch.
 class GPT : public Module, public BlockStack {
  public:
+  /// Builds every module from gen and applies GPT-2's initialisation.
   explicit GPT(const GPTConfig& cfg, Generator& gen = default_generator())
       : config(cfg), wte(cfg.vocab_size, cfg.n_embd, gen, 0.02f), wpe(cfg.block_size, cfg.n_embd, gen, 0.02f),
         drop(cfg.dropout), ln_f(cfg.n_embd, 1e-5, cfg.bias), lm_head(cfg.n_embd, cfg.vocab_size, false, gen) {
@@ -83,6 +91,7 @@ class GPT : public Module, public BlockStack {
     const Tensor x = drop(wte(idx) + wpe(pos));  // (B, T, C)
     return lm_head(ln_f(run_blocks(x)));         // (B, T, V)
   }
+  /// Calls forward(idx).
   Tensor operator()(const LongTensor& idx) { return forward(idx); }
 
   /// Mean cross-entropy of next-token targets (B, T).
@@ -142,11 +151,17 @@ class GPT : public Module, public BlockStack {
     return out;
   }
 
+  /// The configuration it was built with.
   GPTConfig config;
+  /// Token (V, C) and position (block_size, C) embeddings.
   Embedding wte, wpe;
+  /// On the summed embeddings.
   Dropout drop;
+  /// The L blocks.
   std::vector<std::unique_ptr<TransformerBlock>> h;
+  /// The final norm.
   LayerNorm ln_f;
+  /// C to V logits, without a bias.
   Linear lm_head;
 };
 

@@ -10,6 +10,7 @@ namespace remat::nn {
 /// y = x Wᵀ + b with W (out, in) as PyTorch stores it; W and b start U(-1/√in, 1/√in).
 class Linear : public UnaryModule {
  public:
+  /// A (out_features, in_features) weight and, when bias is true, an (out_features) bias, drawn from gen.
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true,
          Generator& gen = default_generator()) {
     REMAT_CHECK(in_features > 0 && out_features > 0, "nn::Linear: sizes must be positive, got {} -> {}",
@@ -22,6 +23,7 @@ class Linear : public UnaryModule {
       register_parameter("bias", this->bias);
     }
   }
+  /// x (..., in) to (..., out).
   Tensor forward(const Tensor& x) override { return linear(x, weight, bias); }
 
   Tensor weight;  ///< (out_features, in_features)

@@ -10,6 +10,7 @@ namespace remat::nn {
 /// The Transformer feed-forward: c_proj(gelu(c_fc(x))) with a 4× hidden width, then dropout.
 class MLP : public UnaryModule {
  public:
+  /// Width n_embd in and out, 4 * n_embd hidden; dropout after c_proj; approximate selects the GELU form.
   MLP(std::int64_t n_embd, double dropout = 0.0, bool bias = true, Generator& gen = default_generator(),
       GeluApproximation approximate = GeluApproximation::none)
       : c_fc(n_embd, 4 * n_embd, bias, gen), c_proj(4 * n_embd, n_embd, bias, gen), drop(dropout),
@@ -18,6 +19,7 @@ class MLP : public UnaryModule {
     register_module("c_proj", c_proj);
     register_module("dropout", drop);
   }
+  /// x (..., C) to (..., C).
   Tensor forward(const Tensor& x) override { return drop(c_proj(hidden(x))); }
 
   /// residual + forward(x), with the dropout and the add in one pass (dropout_add): what a
@@ -26,8 +28,11 @@ class MLP : public UnaryModule {
     return dropout_add(c_proj(hidden(x)), residual, drop.p, drop.is_training());
   }
 
+  /// c_fc: C to 4C; c_proj: 4C back to C.
   Linear c_fc, c_proj;
+  /// Applied to c_proj's output.
   Dropout drop;
+  /// Which GELU the hidden layer uses (exact erf or tanh).
   GeluApproximation approximate;
 
  private:

@@ -11,6 +11,9 @@
 
 namespace remat::nn {
 
+/// The base of every layer and model, as torch.nn.Module: owns no tensors itself but names the
+/// parameters and children its subclass registers, and carries the training/eval mode. Not
+/// copyable or movable (children and parameters are held by address).
 class Module {
  public:
   Module() = default;
@@ -27,16 +30,19 @@ class Module {
     collect("", out);
     return out;
   }
+  /// The same parameters as named_parameters(), without their names.
   std::vector<Tensor*> parameters() {
     std::vector<Tensor*> out;
     for (auto& [name, p] : named_parameters()) out.push_back(p);
     return out;
   }
+  /// The number of scalars in all parameters (each shared tensor counted once).
   std::int64_t num_parameters() {
     std::int64_t n = 0;
     for (Tensor* p : parameters()) n += p->numel();
     return n;
   }
+  /// Clears the gradient of every parameter.
   void zero_grad() {
     for (Tensor* p : parameters()) p->zero_grad();
   }
@@ -46,7 +52,9 @@ class Module {
     training_ = on;
     for (auto& [name, child] : children_) child->train(on);
   }
+  /// Eval mode (dropout off): train(false).
   void eval() { train(false); }
+  /// Whether this module is in training mode (the default).
   bool is_training() const { return training_; }
 
  protected:
@@ -56,6 +64,7 @@ class Module {
     params_.emplace_back(std::move(name), &t);
     return t;
   }
+  /// Registers a member module as a child named `name` (its parameters become "name.…"); returns it.
   template <class M>
   M& register_module(std::string name, M& child) {
     children_.emplace_back(std::move(name), &child);
@@ -81,7 +90,9 @@ class Module {
 /// A module mapping one tensor to one tensor: what Sequential chains and checkpoint wraps.
 class UnaryModule : public Module {
  public:
+  /// The module's computation on x.
   virtual Tensor forward(const Tensor& x) = 0;
+  /// Calls forward(x).
   Tensor operator()(const Tensor& x) { return forward(x); }
 };
 

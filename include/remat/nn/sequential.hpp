@@ -22,12 +22,14 @@ class Sequential : public UnaryModule, public BlockStack {
     push_back(std::move(m));
     return ref;
   }
+  /// Appends a module (not null); it becomes the child named by its index.
   void push_back(std::unique_ptr<UnaryModule> m) {
     REMAT_CHECK(m != nullptr, "nn::Sequential: cannot add a null module");
     register_module(std::to_string(modules_.size()), *m);
     modules_.push_back(std::move(m));
   }
 
+  /// The modules in order on x, through run_blocks (so an installed runner applies).
   Tensor forward(const Tensor& x) override { return run_blocks(x); }
 
   std::vector<Block> blocks() override {
@@ -36,7 +38,9 @@ class Sequential : public UnaryModule, public BlockStack {
     return out;
   }
 
+  /// The number of modules.
   std::size_t size() const { return modules_.size(); }
+  /// The i-th module; throws remat::Error when i is out of range.
   UnaryModule& operator[](std::size_t i) {
     REMAT_CHECK(i < modules_.size(), "nn::Sequential: index {} is out of range for {} modules", i, modules_.size());
     return *modules_[i];

@@ -8,8 +8,10 @@ inline const OpId max_dim = register_op("max_dim");
 }  // namespace op
 
 
+/// What max(x, dim) returns: the maxima and where they are.
 template <class T>
 struct MaxResult {
+  /// The maxima along the reduced dim.
   BasicTensor<T> values;
   LongTensor indices;  ///< position of the (first) maximum along the reduced dim
 };

@@ -8,10 +8,15 @@
 
 namespace remat::optim {
 
+/// AdamW's hyper-parameters, with torch.optim.AdamW's defaults.
 struct AdamWOptions {
+  /// The learning rate.
   double lr = 1e-3;
+  /// β1: the decay of the first-moment (mean) estimate, in [0, 1).
   double beta1 = 0.9;
+  /// β2: the decay of the second-moment estimate, in [0, 1).
   double beta2 = 0.999;
+  /// Added to the denominator √v̂ so that it is never zero.
   double eps = 1e-8;
   double weight_decay = 0.01;  ///< used when parameters are given as a plain list
 };
@@ -19,6 +24,7 @@ struct AdamWOptions {
 /// One AdamW step's coefficients and its element-wise update, shared by AdamW and the sharded
 /// AdamW of remat::dist, which must give the same bits on any slice of a parameter.
 struct AdamWStep {
+  /// The coefficients of step t (counted from 1) at learning rate lr.
   AdamWStep(const AdamWOptions& opt, double lr, std::int64_t t) : lr(lr) {
     const double bc1 = 1 - std::pow(opt.beta1, t), bc2 = 1 - std::pow(opt.beta2, t);
     b1 = static_cast<float>(opt.beta1);
@@ -27,19 +33,30 @@ struct AdamWStep {
     inv_sqrt_bc2 = static_cast<float>(1 / std::sqrt(bc2));
     eps = static_cast<float>(opt.eps);
   }
+  /// The decoupled weight-decay factor 1 - lr·wd applied to the parameter before the update.
   float decay(double weight_decay) const { return static_cast<float>(1 - lr * weight_decay); }
 
-  /// w, m, v updated in place from g, n elements.
-  void update(float* w_data, float* m_data, float* v_data, const float* g_data, std::int64_t n, float decay) const {
-    Eigen::Map<Eigen::ArrayXf> w(w_data, n), m(m_data, n), v(v_data, n);
-    Eigen::Map<const Eigen::ArrayXf> g(g_data, n);
-    w *= decay;
-    m = b1 * m + (1 - b1) * g;
-    v = b2 * v + (1 - b2) * g.square();
-    w -= step_size * m / (v.sqrt() * inv_sqrt_bc2 + eps);
+  /// w, m, v updated in place from g, n elements. Each element's new bits depend on its own
+  /// values only, never on where the slice starts or how long it is: ShardedAdamW updates
+  /// shards that begin anywhere, and AdamW the whole parameter, and they must agree. So this is a
+  /// plain loop of IEEE-exact operations (std::sqrt is correctly rounded whether the compiler
+  /// vectorises it or not), not an Eigen expression: Eigen's vectorised float sqrt under its
+  /// default fast math is a reciprocal-sqrt estimate refined by one Newton step, its scalar tail
+  /// std::sqrt, so a slice's packet/tail split changed the last bit.
+  void update(float* w, float* m, float* v, const float* g, std::int64_t n, float decay) const {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float wd = w[i] * decay;
+      const float mi = b1 * m[i] + (1 - b1) * g[i];
+      const float vi = b2 * v[i] + (1 - b2) * (g[i] * g[i]);
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = wd - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    }
   }
 
+  /// The learning rate of this step.
   double lr;
+  /// β1, β2, lr / (1-β1ᵗ), 1 / √(1-β2ᵗ) and eps, as floats.
   float b1, b2, step_size, inv_sqrt_bc2, eps;
 };
 
@@ -48,8 +65,10 @@ struct AdamWStep {
 ///   p -= lr · (m / (1-β1ᵗ)) / (√(v / (1-β2ᵗ)) + eps).
 class AdamW : public Optimizer {
  public:
+  /// One group of all params, with opt.weight_decay.
   AdamW(std::vector<Tensor*> params, AdamWOptions opt = {})
       : AdamW(std::vector<ParamGroup>{ParamGroup{std::move(params), opt.weight_decay}}, opt) {}
+  /// Parameter groups, each with its own weight decay; opt.weight_decay is not used.
   AdamW(std::vector<ParamGroup> groups, AdamWOptions opt) : Optimizer(std::move(groups), opt.lr), opt_(opt) {
     REMAT_CHECK(opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1,
                 "AdamW: betas must be in [0, 1), got ({}, {})", opt.beta1, opt.beta2);
@@ -74,7 +93,9 @@ class AdamW : public Optimizer {
     }
   }
 
+  /// The number of steps taken (t in the bias corrections).
   std::int64_t steps() const { return t_; }
+  /// The hyper-parameters it was built with.
   const AdamWOptions& options() const { return opt_; }
   const char* kind() const override { return "AdamW"; }
 

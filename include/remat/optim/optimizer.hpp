@@ -19,18 +19,25 @@ namespace remat::optim {
 /// (the parameter's position in the groups) and scalars ("lr", "step", the groups' sizes and
 /// weight decays "g<group>.params", "g<group>.weight_decay", ...).
 struct OptimizerState {
+  /// Per-parameter buffers, keyed "g<group>.p<index>.<buffer>".
   std::map<std::string, Tensor> tensors;
+  /// Scalars such as "lr" and "step", by name.
   std::map<std::string, double> scalars;
 };
 
 /// Parameters that share hyper-parameters (e.g. no weight decay for biases and norms).
 struct ParamGroup {
+  /// The parameters (not owned; they belong to the model).
   std::vector<Tensor*> params;
+  /// The group's weight decay (its meaning is the optimizer's: decoupled for AdamW, L2 for SGD).
   double weight_decay = 0.0;
 };
 
+/// The base of the optimizers: parameter groups, a learning rate, step(), zero_grad(), and a state
+/// that can be saved and loaded to resume a run.
 class Optimizer {
  public:
+  /// Over `groups` at learning rate lr (non-negative).
   explicit Optimizer(std::vector<ParamGroup> groups, double lr) : groups_(std::move(groups)), lr_(lr) {
     REMAT_CHECK(lr >= 0, "optimizer: learning rate must be non-negative, got {}", lr);
     for (const ParamGroup& g : groups_)
@@ -43,12 +50,16 @@ class Optimizer {
   /// Applies one update from the current gradients; parameters without a gradient are skipped.
   virtual void step() = 0;
 
+  /// Clears the gradient of every parameter in every group.
   void zero_grad() {
     for (ParamGroup& g : groups_)
       for (Tensor* p : g.params) p->zero_grad();
   }
+  /// The learning rate the next step uses.
   double lr() const { return lr_; }
+  /// Sets the learning rate (what a schedule such as WarmupCosine drives each step).
   void set_lr(double lr) { lr_ = lr; }
+  /// The parameter groups, in the order they were given.
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 
   /// The optimizer's state: its buffers (copies) and scalars.
@@ -139,12 +150,17 @@ class Optimizer {
   /// Per-optimizer parts of state() and load_state(): add buffers and scalars; check a state
   /// before anything changes (required scalars; tensors are checked by load_state); take it.
   virtual void save_extra(OptimizerState& s) const = 0;
+  /// Checks this optimizer's scalars in `s` before load_state changes anything.
   virtual void check_extra(const OptimizerState& s) const = 0;
+  /// Whether `buffer` names one of this optimizer's per-parameter buffers ("exp_avg", "momentum_buffer", ...).
   virtual bool known_buffer(const std::string& buffer) const = 0;
+  /// Takes this optimizer's buffers and scalars from a state that passed the checks.
   virtual void load_extra(const OptimizerState& s) = 0;
 
  protected:
+  /// The parameter groups.
   std::vector<ParamGroup> groups_;
+  /// The current learning rate.
   double lr_;
 };
 

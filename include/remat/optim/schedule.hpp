@@ -10,6 +10,7 @@ namespace remat::optim {
 /// `total` steps, constant after (the schedule of GPT-2/3 and nanoGPT).
 class WarmupCosine {
  public:
+  /// Learning rates from 0 up to max_lr over `warmup` steps, down to min_lr at step `total`.
   WarmupCosine(double max_lr, double min_lr, std::int64_t warmup, std::int64_t total)
       : max_lr_(max_lr), min_lr_(min_lr), warmup_(warmup), total_(total) {
     REMAT_CHECK(warmup >= 0 && total > warmup, "WarmupCosine: needs 0 <= warmup < total, got warmup {} total {}",

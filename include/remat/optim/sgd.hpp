@@ -7,16 +7,21 @@
 
 namespace remat::optim {
 
+/// SGD's hyper-parameters, with PyTorch's meanings.
 struct SGDOptions {
+  /// The learning rate.
   double lr = 0.01;
+  /// μ: the momentum (0: plain SGD).
   double momentum = 0.0;
   double weight_decay = 0.0;  ///< L2, added to the gradient (PyTorch's SGD semantics)
+  /// Nesterov momentum (needs momentum > 0).
   bool nesterov = false;
 };
 
 /// PyTorch's SGD: g = ∇ + wd·p;  b = μ b + g (b = g on the first step);  p -= lr · (nesterov ? g + μ b : b).
 class SGD : public Optimizer {
  public:
+  /// One group of all params.
   SGD(std::vector<Tensor*> params, SGDOptions opt = {})
       : Optimizer({ParamGroup{std::move(params), opt.weight_decay}}, opt.lr), opt_(opt) {
     REMAT_CHECK(opt.momentum >= 0, "SGD: momentum must be non-negative, got {}", opt.momentum);

@@ -28,10 +28,13 @@
 namespace remat {
 namespace testing {
 
+/// Whether two runs gave the same loss and parameter gradients, bit for bit (compare_gradients).
 struct GradientComparison {
+  /// Whether every compared tensor was bitwise equal.
   bool equal = true;
   std::size_t tensors_compared = 0;  ///< the loss and every parameter
   std::string message;               ///< the first difference, or a summary when there is none
+  /// equal.
   explicit operator bool() const { return equal; }
 };
 

@@ -15,17 +15,22 @@
 
 namespace remat::testing {
 
+/// How gradcheck compares analytic gradients with central differences.
 struct GradcheckOptions {
   double eps = 1e-6;   ///< central-difference step
   double atol = 1e-7;  ///< |analytic - numeric| <= atol + rtol * |numeric|
+  /// The relative part of the tolerance.
   double rtol = 1e-5;
   std::uint64_t seed = 1234;  ///< for the random projection of non-scalar outputs
 };
 
+/// gradcheck's verdict, with the largest error and the first failure.
 struct GradcheckResult {
+  /// Whether every element was within tolerance.
   bool ok = true;
   double max_abs_error = 0;  ///< the largest |analytic - numeric| over all checked elements
   std::string message;       ///< the first failure, naming input, element and both values
+  /// ok.
   explicit operator bool() const { return ok; }
 };
 

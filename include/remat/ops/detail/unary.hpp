@@ -2,6 +2,9 @@
 // The shared shape of element-wise unary ops: forward on Eigen arrays, one node whose backward is
 // an element-wise formula of the output gradient and either the saved output or the saved input.
 
+#include <algorithm>
+#include <cstdint>
+
 #include "remat/core/produce.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
@@ -9,12 +12,44 @@
 namespace remat::detail {
 
 /// out = f(in...) element-wise over flat arrays, split across threads for large tensors.
+///
+/// Every element goes through Eigen's vectorised path, wherever it sits. Eigen computes the head
+/// of a destination up to its first aligned packet, and the tail after its last whole packet, on
+/// the scalar path, and its vectorised sqrt, exp, log, tanh and pow are not the scalar functions:
+/// other bits. A split that moved with the thread count (pieces of n·t/threads elements) or with
+/// the output's address therefore changed results. Here pieces are whole 64-byte blocks of a
+/// 64-byte-aligned output (every storage of 256 bytes or more is), and the ragged end, or an output
+/// that is not so aligned, is computed in a zero-padded aligned block: an element's bits depend on
+/// its inputs alone, on any thread count and at any offset.
 template <class T, class F, class... In>
 void map_elements(BasicTensor<T>& out, F f, const In&... in) {
+  constexpr std::int64_t lanes = 64 / sizeof(T);  // a multiple of every vector width up to AVX-512
+  using AlignedBlock = Eigen::Map<Eigen::Array<T, lanes, 1>, Eigen::Aligned64>;
+  using ConstAlignedBlock = Eigen::Map<const Eigen::Array<T, lanes, 1>, Eigen::Aligned64>;
+  struct alignas(64) Padded {
+    T v[lanes] = {};
+  };
   T* po = out.data();
-  parallel_for(out.numel(), kElementGrain, [&](std::int64_t b, std::int64_t e) {
-    ArrayMap<T>(po + b, e - b) = f(ConstArrayMap<T>(in.data() + b, e - b)...);
+  const std::int64_t n = out.numel();
+  const bool aligned = reinterpret_cast<std::uintptr_t>(po) % 64 == 0;
+  const std::int64_t body = aligned ? n / lanes * lanes : 0;
+  parallel_for(body / lanes, kElementGrain / lanes, [&](std::int64_t b, std::int64_t e) {
+    b *= lanes;
+    e *= lanes;
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned64>(po + b, e - b) =
+        f(ConstArrayMap<T>(in.data() + b, e - b)...);
   });
+  for (std::int64_t b = body; b < n; b += lanes) {
+    const std::int64_t k = std::min(lanes, n - b);
+    const auto pad = [&](const auto& t) {
+      Padded block;
+      std::copy_n(t.data() + b, k, block.v);
+      return block;
+    };
+    Padded result;
+    AlignedBlock(result.v) = f(ConstAlignedBlock(pad(in).v)...);
+    std::copy_n(result.v, k, po + b);
+  }
 }
 
 /// What an element-wise unary op keeps for its backward.

@@ -1,0 +1,27 @@
+# The README and the examples teach the public API: no `detail::` in them (remat::detail is the
+# library's inside and may change under them). Fails naming each file and line that has one.
+#   cmake -DREMAT_SOURCE_DIR=<source tree> -P cmake/check_public_api.cmake
+if(NOT IS_DIRECTORY "${REMAT_SOURCE_DIR}/examples" OR NOT EXISTS "${REMAT_SOURCE_DIR}/README.md")
+  message(FATAL_ERROR "check_public_api: -DREMAT_SOURCE_DIR=${REMAT_SOURCE_DIR} is not remat's source tree")
+endif()
+file(GLOB_RECURSE files LIST_DIRECTORIES false "${REMAT_SOURCE_DIR}/examples/*")
+list(PREPEND files "${REMAT_SOURCE_DIR}/README.md")
+set(found "")
+foreach(f IN LISTS files)
+  file(READ "${f}" text)
+  string(FIND "${text}" "detail::" at)
+  if(at GREATER_EQUAL 0)
+    file(RELATIVE_PATH name "${REMAT_SOURCE_DIR}" "${f}")
+    file(STRINGS "${f}" lines REGEX "detail::")
+    foreach(line IN LISTS lines)
+      string(STRIP "${line}" line)
+      string(APPEND found "\n  ${name}: ${line}")
+    endforeach()
+  endif()
+endforeach()
+list(LENGTH files n)
+if(found)
+  message(FATAL_ERROR "remat::detail is internal; use the public API (optim::SGD, Tensor methods, "
+                      "tensor(values, shape), ...) in the README and examples instead of:${found}")
+endif()
+message(STATUS "check_public_api: no detail:: in README.md or the ${n} files under examples/")
