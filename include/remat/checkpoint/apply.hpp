@@ -24,15 +24,20 @@ namespace remat {
 /// How a stack of blocks is checkpointed: not at all, each block a checkpoint() segment (with an
 /// optional selective save policy), or the whole stack a chain under a schedule.
 struct Checkpointing {
+  /// Which of the three ways.
   enum class Kind { none, each_block, chain };
+  /// The way this one checkpoints.
   Kind kind = Kind::none;
+  /// Names it in errors, reports and benchmark output.
   std::string name = "none";
   SavePolicy save;                 ///< each_block: op outputs kept inside each block
   std::optional<Policy> schedule;  ///< chain: the schedule
   /// chain: per-block costs for schedules that need them; measured on the first run when empty.
   std::shared_ptr<std::vector<StepCost>> costs = std::make_shared<std::vector<StepCost>>();
 
+  /// No checkpointing: every block's activations saved as usual.
   static Checkpointing none() { return {}; }
+  /// Each block a checkpoint() segment named `name`, keeping the op outputs `save` selects.
   static Checkpointing each_block(SavePolicy save = {}, std::string name = "blocks") {
     Checkpointing c;
     c.kind = Kind::each_block;
@@ -40,6 +45,7 @@ struct Checkpointing {
     c.save = std::move(save);
     return c;
   }
+  /// The whole stack a chain run under `schedule` (a policy such as policy::parse("binomial:4")).
   static Checkpointing chain(Policy schedule) {
     Checkpointing c;
     c.kind = Kind::chain;

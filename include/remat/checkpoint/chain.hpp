@@ -31,13 +31,18 @@
 
 namespace remat {
 
+/// One step of a chain: x_{i+1} = f_i(x_i).
 using ChainStep = std::function<Tensor(const Tensor&)>;
 
 /// What an executor did, to compare with its plan.
 struct ChainCounts {
+  /// Steps run without recording.
   std::int64_t advances = 0;
+  /// Steps run recorded on their own tape.
   std::int64_t records = 0;
+  /// The most snapshots kept at once.
   std::int64_t peak_snapshots = 0;
+  /// Snapshots written to disk (the slower tier).
   std::int64_t disk_writes = 0;
   std::int64_t rebuilt = 0;  ///< steps recorded in forward, held compactly, rebuilt when reversed
 };
@@ -497,6 +502,8 @@ std::vector<ChainStep> module_steps(const std::vector<std::unique_ptr<Module>>& 
   return steps;
 }
 
+/// Runs x through `modules` (e.g. a GPT's blocks) as chain steps under `policy`: checkpoint_sequential
+/// over module_steps(modules).
 template <class Module>
 Tensor checkpoint_sequential(const std::vector<std::unique_ptr<Module>>& modules, const Tensor& x, const Policy& policy,
                              const std::vector<StepCost>* costs = nullptr, std::shared_ptr<ChainCounts> counts = nullptr) {

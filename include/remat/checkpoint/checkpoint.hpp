@@ -36,7 +36,9 @@
 
 namespace remat {
 
+/// How one checkpoint() segment is named, checked and replayed.
 struct CheckpointOptions {
+  /// The common fields in order; early_stop and debug are set by name.
   CheckpointOptions(std::string name = "checkpoint", bool check_values = false, SavePolicy save = {})
       : name(std::move(name)), check_values(check_values), save(std::move(save)) {}
 
@@ -261,6 +263,8 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   return result;
 }
 
+/// checkpoint with default CheckpointOptions (the segment named "checkpoint", shapes checked only,
+/// nothing kept): runs fn(args...) as a checkpointed segment and returns what it returns.
 template <class F, class... Args, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, CheckpointOptions>>>
 auto checkpoint(F&& fn, const Args&... args) {
   return checkpoint(CheckpointOptions{}, std::forward<F>(fn), args...);

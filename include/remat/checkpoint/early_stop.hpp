@@ -80,6 +80,7 @@ class ComputeAll final : public OpOutputHook {
 /// also read when the forward runs.
 class CheckpointEarlyStop {
  public:
+  /// on: stop replays early (the default); off: replay every op.
   explicit CheckpointEarlyStop(bool on) : guard_(detail::checkpoint_early_stop_flag(), on) {}
 
  private:

@@ -6,8 +6,10 @@
 
 namespace remat {
 
+/// A checkpointed segment or chain replayed differently from its forward, or was misused.
 class CheckpointError : public Error {
  public:
+  /// From the complete message, as remat::Error.
   using Error::Error;
 };
 

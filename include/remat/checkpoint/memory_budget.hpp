@@ -42,7 +42,10 @@ namespace remat {
 
 /// One decision or consequence of a budgeted step.
 struct BudgetEvent {
+  /// discard: an output's bytes freed; recompute: computed again on a read; overflow: a moment that
+  /// did not fit even with everything discardable discarded.
   enum class Kind { discard, recompute, overflow };
+  /// Which of the three.
   Kind kind;
   std::size_t moment = 0;  ///< which request for room of the step (discard, overflow)
   std::size_t op_index = 0;  ///< the op invocation, counted from 0 among those the step registered
@@ -51,6 +54,7 @@ struct BudgetEvent {
   std::size_t bytes = 0;   ///< discarded or recomputed bytes; for overflow, the bytes the moment needed
   double flops = 0;        ///< recompute cost: estimated (discard) or spent (recompute)
 
+  /// One line naming the kind, the op and output, bytes and flops.
   std::string str() const {
     switch (kind) {
       case Kind::discard:
@@ -67,9 +71,15 @@ struct BudgetEvent {
 
 /// What one budgeted step decided and did.
 struct BudgetLog {
+  /// The byte limit the step ran under.
   std::size_t budget = 0;
+  /// Every discard, recompute and overflow, in order.
   std::vector<BudgetEvent> events;
+  ///@{
+  /// How many discards and recomputes the step made.
   std::size_t discards = 0, recomputes = 0;
+  ///@}
+  /// What the recomputes cost, in flops.
   double recomputed_flops = 0;
   /// Searches for what to discard (the run-time heuristic). A step replaying a plan makes none.
   std::size_t decisions = 0;
@@ -79,6 +89,7 @@ struct BudgetLog {
   /// When the step did not fit: the budget its decisions (this log) fit, measured; else 0.
   std::size_t least_feasible = 0;
 
+  /// A summary line: budget, peak saved bytes, discards and recomputes.
   std::string str() const {
     std::string out = fmt::format("memory budget {} B: peak saved {} B, {} discards, {} recomputes ({:.3g} flop), "
                                   "{} decisions\n", budget, peak_saved_bytes, discards, recomputes, recomputed_flops,
@@ -91,9 +102,14 @@ struct BudgetLog {
 /// A static plan: what to discard at which request for room, taken from one step's log. Replayed by
 /// a MemoryBudget in later steps of the same shape, it makes the same discards without searching.
 struct RematPlan {
+  /// Discard output `output` of the op_index-th op at the moment-th request for room.
   struct Discard {
+    ///@{
+    /// Which request for room, which op of the step, which of its outputs.
     std::size_t moment, op_index, output;
+    ///@}
   };
+  /// The byte limit the plan fits.
   std::size_t budget = 0;
   std::vector<Discard> discards;  ///< in order of moment
 
@@ -114,6 +130,7 @@ struct RematPlan {
 /// needed by a graph kept for another backward are recomputed, without a budget.
 class MemoryBudget final : public OpOutputHook, public detail::Residency {
  public:
+  /// A limit of `bytes` on the bytes saved for backward on this thread; one budget per thread at a time.
   explicit MemoryBudget(std::size_t bytes) : budget_(bytes), limit_(bytes), owner_(std::this_thread::get_id()) {
     REMAT_CHECK(detail::active_residency() == nullptr,
                 "MemoryBudget: another budget is active on this thread; budgets do not nest");
@@ -148,6 +165,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
 
+  /// The byte limit it was constructed with.
   std::size_t budget() const { return budget_; }
   /// The log of the step in progress (since the budget began or the last backward ended).
   const BudgetLog& log() const { return log_; }
@@ -195,25 +213,30 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   }
 
   // --- residency ------------------------------------------------------------------------------
+  /// Residency: the storage's bytes, recomputed first if they were discarded.
   void* access(detail::Storage& s) override {
     if (!s.resident()) rebuild(s);
     return s.raw_data();
   }
 
+  /// Residency: a backward is about to read `s` (a use, for staleness).
   void used(detail::Storage& s) override {
     if (auto it = entries_.find(&s); it != entries_.end()) it->second.last_use = ++clock_;
   }
 
+  /// Residency: `s` is being destroyed; its recipe goes with it.
   void forget(detail::Storage& s) noexcept override {
     hashes_.erase(&s);
     auto node = entries_.extract(&s);  // the recipe (and what it holds) may go when `node` does
   }
 
+  /// Residency: what recomputing `s` would cost (flops; 0 for a storage it does not know).
   double rebuild_cost(const detail::Storage& s) const override {
     auto it = entries_.find(&s);
     return it == entries_.end() ? 0.0 : flops_to_rebuild(*it->second.recipe);
   }
 
+  /// Residency: before `bytes` of `incoming` join the saved books, discards others until they fit.
   void make_room(std::size_t bytes, const detail::Storage* incoming) override {
     if (closing_) return;
     const std::size_t moment = moment_++;
@@ -257,6 +280,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     }
   }
 
+  /// Residency: the outermost backward returned; ends the step's log, and throws (gradients complete) when the step did not fit.
   void backward_ended(bool completed) override {
     prune();
     finish_step();

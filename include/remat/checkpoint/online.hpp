@@ -34,6 +34,8 @@ namespace remat {
 /// Where the snapshots of a chain of unknown length go, decided one state at a time.
 class OnlinePlacement {
  public:
+  /// snapshots: slots including the chain's input x_0 (at least 1); horizon: how much longer than
+  /// it has run the chain is assumed to go on (the h of the rule above, at least 1).
   explicit OnlinePlacement(std::int64_t snapshots, double horizon = 1.2) : s_(snapshots), horizon_(horizon) {
     REMAT_CHECK(snapshots >= 1, "OnlinePlacement: needs at least 1 snapshot (the chain's input), got {}", snapshots);
     REMAT_CHECK(horizon >= 1.0, "OnlinePlacement: the horizon factor must be at least 1, got {}", horizon);
@@ -46,6 +48,7 @@ class OnlinePlacement {
     std::int64_t drop = -1;   ///< the position of the snapshot to free first, -1 for none
   };
 
+  /// The decision on reaching x_t (t ≥ 1, one more on each call); positions() follows it.
   Decision at(std::int64_t t) {
     Decision d;
     if (static_cast<std::int64_t>(positions_.size()) < s_) {
@@ -106,7 +109,9 @@ class OnlinePlacement {
     return d;
   }
 
+  /// The positions of the snapshots kept now (x_0 first).
   const std::vector<std::int64_t>& positions() const { return positions_; }
+  /// The number of snapshot slots.
   std::int64_t snapshots() const { return s_; }
 
   /// A(P, L): step executions to run and reverse a chain of L steps with snapshots at `positions`
@@ -201,6 +206,7 @@ class OnlineReversal final : public ActionStream {
 ///   Tensor xT = chain.finish();
 class OnlineChain {
  public:
+  /// A chain from x = x_0 with `snapshots` slots; `name` names it in errors and reports.
   OnlineChain(const Tensor& x, std::int64_t snapshots, std::string name = "online_chain")
       : run_(std::make_shared<detail::ChainRun>(std::move(name), x)), placement_(snapshots), input_(x) {
     run_->execute({Action::Kind::snapshot, 0}, nullptr, true);
@@ -220,6 +226,7 @@ class OnlineChain {
     return next([&] { run_->steps.extend(); });
   }
 
+  /// The number of steps advanced so far.
   std::int64_t steps() const { return static_cast<std::int64_t>(run_->steps.size()); }
   /// The positions of the snapshots kept now (x_0 first).
   const std::vector<std::int64_t>& snapshots() const { return placement_.positions(); }

@@ -88,6 +88,7 @@ namespace remat {
 /// of the bytes), not just their shapes.
 class CheckpointChecking {
  public:
+  /// on: check values (the default when constructed); off: shapes only.
   explicit CheckpointChecking(bool on = true) : guard_(detail::checkpoint_checking_flag(), on) {}
 
  private:
@@ -98,6 +99,7 @@ class CheckpointChecking {
 /// replay, and a replay that differs says at which op (CheckpointOptions::debug, for all of them).
 class CheckpointDebug {
  public:
+  /// on: trace and compare the op sequences (the default when constructed); off: do not.
   explicit CheckpointDebug(bool on = true) : guard_(detail::checkpoint_debug_flag(), on) {}
 
  private:

@@ -26,6 +26,7 @@ namespace remat {
 /// One executor action. The executor has a current state x_i (its position), snapshot slots, and
 /// per-step recorded tapes.
 struct Action {
+  /// What the action does.
   enum class Kind {
     advance,   ///< x_{i+1} = f_i(x_i) without recording; position i -> i+1
     snapshot,  ///< keep the current x_i in a slot
@@ -34,10 +35,13 @@ struct Action {
     record,    ///< run f_i recorded on its own tape, kept for reverse; position i -> i+1
     reverse,   ///< backpropagate through step i's recorded tape (then free it)
   };
+  /// What the action does.
   Kind kind;
+  /// The step i it applies to (the first step, for an advance of several).
   std::int64_t step;
   std::int64_t count = 1;  ///< advance only: steps step .. step + count - 1, in one action
   bool disk = false;       ///< snapshot only: kept in a file (the slower tier) rather than in memory
+  /// Every field equal.
   bool operator==(const Action& o) const {
     return kind == o.kind && step == o.step && count == o.count && disk == o.disk;
   }
@@ -49,7 +53,9 @@ struct Action {
 /// plan predicts what memory_stats() will count (measure_steps fills them; left at their
 /// defaults, every recorded byte is the step's own for as long as it is recorded).
 struct StepCost {
+  /// The step's compute, in any unit (seconds, FLOPs), the same for all steps.
   double compute = 1.0;
+  /// Bytes of its input state x_i: what a snapshot of it holds.
   std::size_t state_bytes = 0;
   std::size_t activation_bytes = 0;  ///< the most saved at once while recording and reversing it, all told
   std::size_t param_bytes = 0;       ///< of them, tensors from outside the chain (parameters)
@@ -60,6 +66,7 @@ struct StepCost {
   std::size_t reverse_bytes = 0;     ///< of them, saved only while it is reversed (a checkpoint() inside replays)
 };
 
+/// A schedule held as a list of actions, in the order the executor runs them.
 using Schedule = std::vector<Action>;
 
 /// A schedule produced one action at a time.
@@ -107,7 +114,9 @@ class ListStream final : public ActionStream {
 /// a million-step schedule costs its consumer is then the stream's own work).
 class ActionReader {
  public:
+  /// Reads `stream`, which it owns.
   explicit ActionReader(std::unique_ptr<ActionStream> stream) : stream_(std::move(stream)) {}
+  /// The next action in `out`; false at the end of the stream.
   bool next(Action& out) {
     if (used_ == got_) {
       got_ = stream_->next(batch_.data(), batch_.size());
@@ -141,7 +150,9 @@ inline Schedule materialise(ActionStream& stream) {
 
 /// A schedule with what running it will do, readable before any run.
 struct Plan {
+  /// The name of the policy that made it.
   std::string policy;
+  /// The chain length L it plans.
   std::int64_t steps = 0;
   /// A fresh stream of the plan's actions (each call starts from the beginning).
   std::function<std::unique_ptr<ActionStream>()> stream;
@@ -151,6 +162,7 @@ struct Plan {
   std::int64_t records = 0;           ///< recorded step executions
   std::int64_t peak_snapshots = 0;    ///< snapshots alive at once, at most
   std::int64_t peak_recorded = 0;     ///< recorded tapes alive at once, at most
+  /// Whether it was planned with per-step costs (the byte and compute predictions need them).
   bool has_costs = false;
   std::size_t peak_bytes = 0;         ///< predicted peak of snapshot + recorded bytes (needs costs)
   std::size_t forward_end_bytes = 0;  ///< predicted bytes held at the end of forward (needs costs)
@@ -653,8 +665,11 @@ inline Plan analyse(std::string policy, std::int64_t L, std::function<std::uniqu
 
 /// A named, pure function from the chain length and optional per-step costs to a schedule.
 struct Policy {
+  /// The name policy::parse reads ("sqrt", "binomial:4", ...) and reports print.
   std::string name;
+  /// Whether `stream` needs per-step costs (measured on a first run when not given).
   bool needs_costs = false;
+  /// Makes the schedule's actions for a chain of L steps, with the per-step costs (null when not needed).
   std::function<std::unique_ptr<ActionStream>(std::int64_t L, const std::vector<StepCost>* costs)> stream;
   std::string disk_directory = {};  ///< where snapshots the schedule puts on disk go (two_tier)
 };
@@ -768,6 +783,8 @@ inline std::int64_t ceil_sqrt(std::int64_t L) {
 
 }  // namespace detail
 
+/// Checkpointing policies for chains (none, uniform, sqrt_segments, binomial, budget, two_tier), and
+/// parse(), which turns a policy's name into a Checkpointing.
 namespace policy {
 
 /// Record everything: no recomputation, every step's activations kept.
@@ -835,6 +852,7 @@ inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>* c
               "plan: policy {} keeps snapshots on disk but names no directory for them", p.name);
   return out;
 }
+/// plan(p, L, &costs): the plan for L steps with their costs.
 inline Plan plan(const Policy& p, std::int64_t L, const std::vector<StepCost>& costs) { return plan(p, L, &costs); }
 
 namespace detail {

@@ -23,6 +23,7 @@ namespace remat {
 /// Which op outputs a checkpoint keeps instead of recomputing; an empty policy keeps none.
 using SavePolicy = std::function<bool(const OpOutput& output)>;
 
+/// Save policies for selective checkpointing: which op outputs a checkpoint keeps instead of recomputing.
 namespace save_policy {
 
 /// Keep nothing inside the segment: full recompute (the default).
@@ -37,6 +38,7 @@ inline SavePolicy ops(std::vector<OpId> keep) {
   };
 }
 
+///@{
 /// Keep the outputs of the ops with these names; a name no op has is a remat::Error listing the
 /// known ones (so a typo cannot silently keep nothing).
 inline SavePolicy ops(const std::vector<std::string>& names) {
@@ -47,6 +49,7 @@ inline SavePolicy ops(const std::vector<std::string>& names) {
 inline SavePolicy ops(std::initializer_list<const char*> names) {
   return ops(std::vector<std::string>(names.begin(), names.end()));
 }
+///@}
 
 /// Keep the outputs of the matrix products (matmul, linear): the expensive ops; element-wise ops,
 /// softmax and norms are recomputed. JAX calls this checkpoint_dots.

@@ -39,7 +39,9 @@ namespace remat {
 
 /// Cost of moving one snapshot to and from disk, in units of one step's compute.
 struct TierCosts {
+  /// Writing one snapshot to disk, in steps.
   double write = 1.0;
+  /// Reading one snapshot back, in steps.
   double read = 1.0;
 };
 

@@ -91,6 +91,7 @@ class TapeGuard {
   TapeGuard& operator=(const TapeGuard&) = delete;
 };
 
+/// Whether ops record nodes for backward now: false inside no_grad, unless an enable_grad is nested in it.
 inline bool is_grad_enabled() { return detail::autograd_state().grad_enabled; }
 
 /// True while a checkpoint replays a segment's forward during backward. Code with side effects

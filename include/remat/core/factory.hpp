@@ -13,11 +13,13 @@
 
 namespace remat {
 
+/// A tensor of `shape` with uninitialised contents.
 template <class T = float>
 BasicTensor<T> empty(const Shape& shape) {
   return BasicTensor<T>(shape);
 }
 
+/// A tensor of `shape` with every element `value`.
 template <class T = float>
 BasicTensor<T> full(const Shape& shape, T value) {
   BasicTensor<T> t(shape);
@@ -25,20 +27,24 @@ BasicTensor<T> full(const Shape& shape, T value) {
   return t;
 }
 
+/// A tensor of `shape` filled with 0.
 template <class T = float>
 BasicTensor<T> zeros(const Shape& shape) {
   return full<T>(shape, T(0));
 }
 
+/// A tensor of `shape` filled with 1.
 template <class T = float>
 BasicTensor<T> ones(const Shape& shape) {
   return full<T>(shape, T(1));
 }
 
+/// Zeros of the shape and element type of `t`.
 template <class T>
 BasicTensor<T> zeros_like(const BasicTensor<T>& t) {
   return zeros<T>(t.shape());
 }
+/// Ones of the shape and element type of `t`.
 template <class T>
 BasicTensor<T> ones_like(const BasicTensor<T>& t) {
   return ones<T>(t.shape());
@@ -50,6 +56,7 @@ BasicTensor<T> scalar(T value) {
   return full<T>(Shape{}, value);
 }
 
+///@{
 /// Copies `values` into a tensor of `shape` (1-D of their count when no shape is given).
 template <class T = float>
 BasicTensor<T> tensor(const std::vector<T>& values, const Shape& shape) {
@@ -72,8 +79,11 @@ template <class T = float>
 BasicTensor<T> tensor(std::initializer_list<T> values) {
   return tensor<T>(std::vector<T>(values));
 }
+///@}
 
-/// start, start + step, ... up to but excluding end (as torch.arange).
+///@{
+/// start, start + step, ... up to but excluding end (as torch.arange); arange(end) starts at 0
+/// with step 1.
 template <class T = float>
 BasicTensor<T> arange(T start, T end, T step = T(1)) {
   REMAT_CHECK(step != T(0), "arange: step must be non-zero");
@@ -88,6 +98,7 @@ template <class T = float>
 BasicTensor<T> arange(T end) {
   return arange<T>(T(0), end, T(1));
 }
+///@}
 
 /// Uniform on [0, 1), drawn from `gen` (the thread's default generator when omitted).
 template <class T = float>

@@ -41,6 +41,7 @@ std::string to_string(const BasicTensor<T>& t) {
 
 }  // namespace remat::detail
 
+/// \cond
 template <class T>
 struct fmt::formatter<remat::BasicTensor<T>> : fmt::formatter<std::string_view> {
   template <class Ctx>
@@ -49,3 +50,4 @@ struct fmt::formatter<remat::BasicTensor<T>> : fmt::formatter<std::string_view> 
     return fmt::formatter<std::string_view>::format(text, ctx);
   }
 };
+/// \endcond

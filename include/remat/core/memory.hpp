@@ -193,6 +193,7 @@ class MemoryLedger {
 
 }  // namespace detail
 
+/// The counting allocator's figures now: live, peak and saved bytes, and the allocation count.
 inline MemoryStats memory_stats() { return detail::MemoryLedger::instance().stats(); }
 
 /// Sets peak_bytes and peak_saved_bytes to the current live figures.

@@ -203,6 +203,7 @@ inline Generator& default_generator() {
   return generator;
 }
 
+/// Reseeds this thread's default generator with `seed`.
 inline void manual_seed(std::uint64_t seed) { default_generator().manual_seed(seed); }
 
 }  // namespace remat

@@ -125,6 +125,7 @@ class Shape {
 
 }  // namespace remat
 
+/// \cond
 template <>
 struct fmt::formatter<remat::Shape> : fmt::formatter<std::string_view> {
   template <class Ctx>
@@ -133,3 +134,4 @@ struct fmt::formatter<remat::Shape> : fmt::formatter<std::string_view> {
     return fmt::formatter<std::string_view>::format(text, ctx);
   }
 };
+/// \endcond

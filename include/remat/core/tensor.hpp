@@ -15,6 +15,8 @@
 #include "remat/core/memory.hpp"
 #include "remat/core/shape.hpp"
 
+/// remat: tensors with reverse-mode autodiff, the ops and factories on them, and activation
+/// checkpointing (checkpoint, checkpoint_sequential, apply_checkpointing, plan).
 namespace remat {
 
 template <class T>

@@ -22,6 +22,7 @@
 
 namespace remat {
 
+/// Sets the number of threads the kernels use (Eigen's and OpenMP's); `n` must be at least 1.
 inline void set_num_threads(int n) {
   REMAT_CHECK(n >= 1, "set_num_threads: needs at least 1 thread, got {}", n);
   Eigen::setNbThreads(n);
@@ -30,6 +31,7 @@ inline void set_num_threads(int n) {
 #endif
 }
 
+/// The number of threads the kernels use (Eigen's count).
 inline int get_num_threads() { return Eigen::nbThreads(); }
 
 /// Calls f(begin, end) on pieces of [0, n), one per thread, when n is worth splitting (at least two

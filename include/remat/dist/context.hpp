@@ -20,6 +20,7 @@
 #include "remat/core/error.hpp"
 #include "remat/core/tensor.hpp"
 
+/// Data parallelism over MPI with deterministic, fixed-order collectives (optional: link remat::dist).
 namespace remat::dist {
 namespace detail {
 
@@ -65,6 +66,7 @@ inline int& world_rank_for_messages() {
 
 /// How n elements split into one contiguous shard per rank: the first n % N ranks take one more.
 struct ShardLayout {
+  /// The layout of n elements over `ranks` ranks.
   ShardLayout(std::int64_t n, int ranks) : counts(static_cast<std::size_t>(ranks)), offsets(static_cast<std::size_t>(ranks)) {
     std::int64_t at = 0;
     for (int r = 0; r < ranks; ++r) {
@@ -73,6 +75,7 @@ struct ShardLayout {
       at += counts[static_cast<std::size_t>(r)];
     }
   }
+  /// Elements and first element of each rank's shard.
   std::vector<int> counts, offsets;  ///< int: MPI's counts are ints
 };
 
@@ -84,6 +87,7 @@ struct ShardLayout {
 class Context {
  public:
   Context() : Context(nullptr, nullptr) {}
+  /// Initialises MPI with main's arguments (or null for none); one Context per process.
   Context(int* argc, char*** argv) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -110,9 +114,13 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  /// This process's rank, 0 to world_size() - 1.
   int rank() const { return rank_; }
+  /// The number of ranks N.
   int world_size() const { return size_; }
+  /// The communicator the collectives use.
   MPI_Comm comm() const { return comm_; }
+  /// Waits until every rank reaches it.
   void barrier() const { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
   /// Ends every rank of the job, printing this rank and `what` (for a handler that caught an
   /// error the other ranks cannot know about).

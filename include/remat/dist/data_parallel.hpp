@@ -37,6 +37,7 @@
 
 namespace remat::dist {
 
+/// How DataParallel buckets and averages gradients; the defaults are PyTorch's.
 struct DataParallelOptions {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< PyTorch's first bucket: 1 MiB
   std::size_t bucket_bytes = std::size_t{25} << 20;       ///< PyTorch's bucket_cap_mb = 25
@@ -53,40 +54,62 @@ struct DataParallelOptions {
 /// time since that backward's first gradient: the evidence that reductions start before backward
 /// ends.
 struct SyncEvent {
+  /// bucket_sent: its reduction started; bucket_summed: its result arrived; bucket_done: its
+  /// mean was written back; backward_end: the backward's last op returned.
   enum class Kind { bucket_sent, bucket_summed, bucket_done, backward_end };
+  /// What happened.
   Kind kind;
   int bucket;  ///< -1 for backward_end
+  /// When, in seconds since the backward's first gradient.
   double seconds;
 };
 
 /// One bucket: a run of parameters (in gradient-ready order) laid end to end in one flat buffer.
 struct Bucket {
+  /// One parameter's place in the bucket.
   struct Entry {
     std::size_t param;    ///< index into DataParallel::parameters()
     std::int64_t offset;  ///< where it starts in the bucket
+    /// Its number of elements.
     std::int64_t numel;
   };
+  /// The bucket's parameters, in gradient-ready order.
   std::vector<Entry> entries;
+  /// The bucket's total elements.
   std::int64_t numel = 0;
+  /// How its elements split over the ranks.
   ShardLayout shards{0, 1};
   bool holds_unused = false;  ///< has a parameter that took no gradient in the first step
 
   // Per step.
   int waiting = 0;  ///< parameters not yet final
+  /// Whether this step's reduction has started.
   bool sent = false;
-  std::vector<float> flat, rows, shard;  ///< the local gradients, every rank's copy of my shard, the mean
-  std::vector<int> row_counts, row_offsets;  ///< where each rank's copy lands in `rows`
+  ///@{
+  /// The local gradients, every rank's copy of my shard, the mean.
+  std::vector<float> flat, rows, shard;
+  ///@}
+  ///@{
+  /// Where each rank's copy lands in `rows` (MPI's counts and displacements).
+  std::vector<int> row_counts, row_offsets;
+  ///@}
+  /// The reduction in flight (MPI_REQUEST_NULL when none).
   MPI_Request request = MPI_REQUEST_NULL;
 
   /// This rank's averaged shard (valid after a synchronised backward).
   std::int64_t shard_offset(int rank) const { return shards.offsets[static_cast<std::size_t>(rank)]; }
+  /// The number of elements of `rank`'s shard.
   std::int64_t shard_numel(int rank) const { return shards.counts[static_cast<std::size_t>(rank)]; }
 };
 
+/// PyTorch's DistributedDataParallel: every rank runs the whole model on its share of the batch,
+/// and the parameters' gradients are averaged over the ranks in buckets while backward still runs.
 class DataParallel : private remat::detail::GradObserver {
  public:
+  /// Over all of model's parameters (named_parameters()).
   DataParallel(Context& ctx, nn::Module& model, DataParallelOptions options = {})
       : DataParallel(ctx, model.named_parameters(), options) {}
+  /// Over the given named parameters (the same names and order on every rank).
   DataParallel(Context& ctx, std::vector<std::pair<std::string, Tensor*>> named, DataParallelOptions options = {})
       : ctx_(ctx), options_(options) {
     REMAT_CHECK(options.first_bucket_bytes > 0 && options.bucket_bytes > 0,
@@ -124,21 +147,28 @@ class DataParallel : private remat::detail::GradObserver {
   /// accumulation over micro-batches); the first backward after it averages what was accumulated.
   class NoSync {
    public:
+    /// Turns off synchronisation of `ddp` for the guard's lifetime.
     explicit NoSync(DataParallel& ddp) : guard_(ddp.sync_, false) {}
 
    private:
     ScopedValue<bool> guard_;
   };
+  /// A NoSync guard on this wrapper: `{ auto g = ddp.no_sync(); loss.backward(); }`.
   NoSync no_sync() { return NoSync(*this); }
 
+  /// The parameters whose gradients it averages.
   const std::vector<Tensor*>& parameters() const { return params_; }
+  /// Their names, in the same order.
   const std::vector<std::string>& names() const { return names_; }
   /// Empty until the first synchronised backward has ended.
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// What the last synchronised backward did, in order.
   const std::vector<SyncEvent>& last_events() const { return events_; }
   /// Seconds the last synchronised backward spent, after its last op, waiting for reductions.
   double last_exposed_seconds() const { return exposed_seconds_; }
+  /// The MPI context it communicates through.
   const Context& context() const { return ctx_; }
+  /// The options it was built with.
   const DataParallelOptions& options() const { return options_; }
   /// Reductions during backward (true) or all after it, from the next backward on.
   void set_overlap(bool on) { options_.overlap = on; }

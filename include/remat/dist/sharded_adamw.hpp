@@ -21,10 +21,15 @@
 
 namespace remat::dist {
 
+/// ZeRO stage 1: AdamW whose moment buffers are split across the ranks of a DataParallel built
+/// with shard_gradients; the weights after each step are bitwise those of AdamW on the averaged
+/// gradients.
 class ShardedAdamW : public optim::Optimizer {
  public:
+  /// One group of all params (ddp's parameters), with opt.weight_decay.
   ShardedAdamW(DataParallel& ddp, std::vector<Tensor*> params, optim::AdamWOptions opt = {})
       : ShardedAdamW(ddp, std::vector<optim::ParamGroup>{optim::ParamGroup{std::move(params), opt.weight_decay}}, opt) {}
+  /// Parameter groups, each with its own weight decay; opt.weight_decay is not used.
   ShardedAdamW(DataParallel& ddp, std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt)
       : Optimizer(std::move(groups), opt.lr), ddp_(ddp), opt_(opt) {
     REMAT_CHECK(ddp.options().shard_gradients, "ShardedAdamW: the DataParallel must be built with shard_gradients = "
@@ -76,6 +81,7 @@ class ShardedAdamW : public optim::Optimizer {
     }
   }
 
+  /// The number of steps taken (t in the bias corrections).
   std::int64_t steps() const { return t_; }
   const char* kind() const override { return "ShardedAdamW"; }
   /// Bytes of optimizer state this rank holds (both moments of its shards).

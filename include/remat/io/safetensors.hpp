@@ -26,6 +26,7 @@
 #include "remat/core/autograd.hpp"
 #include "remat/nn/module.hpp"
 
+/// Reading and writing tensors and training state: safetensors files and checkpoints to resume from.
 namespace remat::io {
 
 /// One tensor of a safetensors file, as bytes: dtype is the format's name ("F32", "F64", "I64", "BOOL").
@@ -37,6 +38,7 @@ struct TensorEntry {
   /// The raw little-endian bytes, row-major.
   std::vector<unsigned char> data;
 };
+/// A safetensors file's tensors by name, as read_safetensors returns and write_safetensors takes.
 using TensorFile = std::map<std::string, TensorEntry>;
 
 namespace detail {
@@ -52,6 +54,7 @@ constexpr const char* safetensors_dtype() {
 
 }  // namespace detail
 
+/// The tensor as an entry: its dtype name, shape and a copy of its bytes.
 template <class T>
 TensorEntry to_entry(const BasicTensor<T>& t) {
   static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "safetensors: unsupported element size");
@@ -418,6 +421,7 @@ inline TensorFile parse_safetensors(const unsigned char* bytes, std::size_t size
   return file;
 }
 
+/// Reads the safetensors file at `path`: its tensors by name, checked to tile its data exactly.
 inline TensorFile read_safetensors(const std::string& path) {
   const std::string bytes = detail::read_file(path, "safetensors");
   return parse_safetensors(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), path);

@@ -42,17 +42,23 @@ class CausalSelfAttention : public UnaryModule {
     return dropout_add(project(x), residual, resid_dropout.p, resid_dropout.is_training());
   }
 
+  ///@{
   /// The width C and the number of heads.
   std::int64_t n_embd, n_head;
+  ///@}
   /// One fused attention op on the packed projection (causal_self_attention: saves the projection
   /// and row statistics, never the (T, T) probabilities, and copies no heads); false runs the
   /// explicit ops (split, permute, matmul, masked_fill, softmax, dropout, matmul), which selective
   /// checkpointing can keep individually. Both draw the same dropout masks.
   bool fused = true;
+  ///@{
   /// c_attn: C to 3C (q, k, v packed); c_proj: C to C on the merged heads.
   Linear c_attn, c_proj;
+  ///@}
+  ///@{
   /// On the attention probabilities and on the output.
   Dropout attn_dropout, resid_dropout;
+  ///@}
 
  private:
   /// c_proj(attention(x)): everything but the residual dropout.

@@ -153,8 +153,10 @@ class GPT : public Module, public BlockStack {
 
   /// The configuration it was built with.
   GPTConfig config;
+  ///@{
   /// Token (V, C) and position (block_size, C) embeddings.
   Embedding wte, wpe;
+  ///@}
   /// On the summed embeddings.
   Dropout drop;
   /// The L blocks.

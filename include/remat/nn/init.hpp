@@ -5,6 +5,7 @@
 
 #include "remat/core/factory.hpp"
 
+/// Parameter initialisers that fill tensors from a Generator, as torch.nn.init.
 namespace remat::nn::init {
 
 /// N(mean, std²).

@@ -20,8 +20,10 @@ class LayerNorm : public UnaryModule {
   /// layer_norm(x, weight, bias, eps) over x's last dim.
   Tensor forward(const Tensor& x) override { return layer_norm(x, weight, bias, eps); }
 
+  ///@{
   /// The scale and shift, (normalized_shape); bias is undefined when built without one.
   Tensor weight, bias;
+  ///@}
   /// Added to the variance before the square root.
   double eps;
 };

@@ -28,8 +28,10 @@ class MLP : public UnaryModule {
     return dropout_add(c_proj(hidden(x)), residual, drop.p, drop.is_training());
   }
 
+  ///@{
   /// c_fc: C to 4C; c_proj: 4C back to C.
   Linear c_fc, c_proj;
+  ///@}
   /// Applied to c_proj's output.
   Dropout drop;
   /// Which GELU the hidden layer uses (exact erf or tanh).

@@ -9,6 +9,7 @@
 
 #include "remat/core/tensor.hpp"
 
+/// Neural-network layers and models on remat tensors, as torch.nn: Module, Linear, LayerNorm, GPT and more.
 namespace remat::nn {
 
 /// The base of every layer and model, as torch.nn.Module: owns no tensors itself but names the

@@ -7,7 +7,9 @@
 
 namespace remat {
 namespace op {
+/// The id of add(x, s), x + s and s + x: a scalar added to every element.
 inline const OpId add_scalar = register_op("add_scalar");
+/// The id of add(a, b) and a + b: the elementwise sum, broadcast.
 inline const OpId add = register_op("add");
 }  // namespace op
 
@@ -36,10 +38,13 @@ BasicTensor<T> add(const BasicTensor<T>& x, S s) {
       op::add_scalar, x, [c](const auto& a) { return a + c; }, [](const auto& dy) { return dy; });
 }
 
+/// a + b (add).
 template <class T>
 BasicTensor<T> operator+(const BasicTensor<T>& a, const BasicTensor<T>& b) { return add(a, b); }
+/// x + s (add).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator+(const BasicTensor<T>& x, S s) { return add(x, s); }
+/// s + x (add).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator+(S s, const BasicTensor<T>& x) { return add(x, s); }
 

@@ -35,7 +35,9 @@
 
 namespace remat {
 namespace op {
+/// The id of causal_attention(q, k, v): fused causal scaled-dot-product attention.
 inline const OpId causal_attention = register_op("causal_attention");
+/// The id of causal_self_attention(qkv, n_head): causal attention on a packed q | k | v projection.
 inline const OpId causal_self_attention = register_op("causal_self_attention");
 }  // namespace op
 

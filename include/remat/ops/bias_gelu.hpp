@@ -8,6 +8,7 @@
 
 namespace remat {
 namespace op {
+/// The id of bias_gelu(x, bias): gelu(x + bias), fused.
 inline const OpId bias_gelu = register_op("bias_gelu");
 }  // namespace op
 

@@ -6,6 +6,7 @@
 
 namespace remat {
 namespace op {
+/// The id of cat(xs, dim): tensors joined along a dim.
 inline const OpId cat = register_op("cat");
 }  // namespace op
 

@@ -20,6 +20,7 @@
 
 namespace remat {
 namespace op {
+/// The id of cross_entropy(logits, targets): the mean negative log-likelihood under softmax, fused.
 inline const OpId cross_entropy = register_op("cross_entropy");
 }  // namespace op
 

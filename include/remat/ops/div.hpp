@@ -7,8 +7,11 @@
 
 namespace remat {
 namespace op {
+/// The id of div(x, s) and x / s: every element divided by a scalar.
 inline const OpId div_scalar = register_op("div_scalar");
+/// The id of rdiv(x, s) and s / x: a scalar divided by every element.
 inline const OpId rdiv_scalar = register_op("rdiv_scalar");
+/// The id of div(a, b) and a / b: the elementwise quotient, broadcast.
 inline const OpId div = register_op("div");
 }  // namespace op
 
@@ -63,10 +66,13 @@ BasicTensor<T> rdiv(const BasicTensor<T>& x, S s) {
       [c](const auto& dy, const auto& v) { return -dy * c / (v * v); });
 }
 
+/// a / b (div).
 template <class T>
 BasicTensor<T> operator/(const BasicTensor<T>& a, const BasicTensor<T>& b) { return div(a, b); }
+/// x / s (div).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator/(const BasicTensor<T>& x, S s) { return div(x, s); }
+/// s / x (rdiv).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator/(S s, const BasicTensor<T>& x) { return rdiv(x, s); }
 

@@ -7,6 +7,7 @@
 
 namespace remat {
 namespace op {
+/// The id of dropout(x, p): elements zeroed with probability p, the rest scaled by 1 / (1 - p).
 inline const OpId dropout = register_op("dropout");
 }  // namespace op
 

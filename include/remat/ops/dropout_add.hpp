@@ -7,6 +7,7 @@
 
 namespace remat {
 namespace op {
+/// The id of dropout_add(h, residual, p): residual + dropout(h, p), fused.
 inline const OpId dropout_add = register_op("dropout_add");
 }  // namespace op
 

@@ -5,6 +5,7 @@
 
 namespace remat {
 namespace op {
+/// The id of embedding(indices, weight): rows of a table picked by integer ids.
 inline const OpId embedding = register_op("embedding");
 }  // namespace op
 

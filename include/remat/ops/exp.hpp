@@ -4,6 +4,7 @@
 
 namespace remat {
 namespace op {
+/// The id of exp(x): the elementwise exponential.
 inline const OpId exp = register_op("exp");
 }  // namespace op
 

@@ -8,7 +8,9 @@
 
 namespace remat {
 namespace op {
+/// The id of gelu(x, GeluApproximation::tanh): GELU by GPT-2's tanh approximation.
 inline const OpId gelu_tanh = register_op("gelu_tanh");
+/// The id of gelu(x): the exact GELU, x Φ(x) with erf.
 inline const OpId gelu = register_op("gelu");
 }  // namespace op
 

@@ -17,6 +17,7 @@
 
 namespace remat {
 namespace op {
+/// The id of layer_norm(x, weight, bias): normalisation over the last dim, then scale and shift.
 inline const OpId layer_norm = register_op("layer_norm");
 }  // namespace op
 

@@ -7,6 +7,7 @@
 
 namespace remat {
 namespace op {
+/// The id of linear(x, weight, bias): x Wᵀ + b.
 inline const OpId linear = register_op("linear");
 }  // namespace op
 

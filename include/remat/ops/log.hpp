@@ -3,6 +3,7 @@
 
 namespace remat {
 namespace op {
+/// The id of log(x): the elementwise natural logarithm.
 inline const OpId log = register_op("log");
 }  // namespace op
 

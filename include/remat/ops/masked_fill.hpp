@@ -6,6 +6,7 @@
 
 namespace remat {
 namespace op {
+/// The id of masked_fill(x, mask, value): value where mask is true, else x.
 inline const OpId masked_fill = register_op("masked_fill");
 }  // namespace op
 

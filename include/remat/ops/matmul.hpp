@@ -8,7 +8,10 @@
 #include "remat/ops/detail/broadcast.hpp"
 
 namespace remat {
+/// Op identities (OpId), one registered constant per op (op::matmul, op::softmax, ...), by which
+/// policies and reports name ops.
 namespace op {
+/// The id of matmul(a, b): the matrix product over the last two dims, batched.
 inline const OpId matmul = register_op("matmul");
 }  // namespace op
 

@@ -4,6 +4,7 @@
 
 namespace remat {
 namespace op {
+/// The id of max(x, dim): the maxima along a dim and their indices.
 inline const OpId max_dim = register_op("max_dim");
 }  // namespace op
 

@@ -4,7 +4,9 @@
 
 namespace remat {
 namespace op {
+/// The id of mean(x): the mean of every element, a scalar.
 inline const OpId mean = register_op("mean");
+/// The id of mean(x, dim): the mean along a dim.
 inline const OpId mean_dim = register_op("mean_dim");
 }  // namespace op
 

@@ -7,7 +7,9 @@
 
 namespace remat {
 namespace op {
+/// The id of mul(x, s), x * s and s * x: every element times a scalar.
 inline const OpId mul_scalar = register_op("mul_scalar");
+/// The id of mul(a, b) and a * b: the elementwise product, broadcast.
 inline const OpId mul = register_op("mul");
 }  // namespace op
 
@@ -49,10 +51,13 @@ BasicTensor<T> mul(const BasicTensor<T>& x, S s) {
       op::mul_scalar, x, [c](const auto& a) { return a * c; }, [c](const auto& dy) { return dy * c; });
 }
 
+/// a * b (mul).
 template <class T>
 BasicTensor<T> operator*(const BasicTensor<T>& a, const BasicTensor<T>& b) { return mul(a, b); }
+/// x * s (mul).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator*(const BasicTensor<T>& x, S s) { return mul(x, s); }
+/// s * x (mul).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator*(S s, const BasicTensor<T>& x) { return mul(x, s); }
 

@@ -5,6 +5,7 @@
 
 namespace remat {
 namespace op {
+/// The id of narrow(x, dim, start, length) (and slice, split, chunk): a copied range along a dim.
 inline const OpId narrow = register_op("narrow");
 }  // namespace op
 

@@ -3,6 +3,7 @@
 
 namespace remat {
 namespace op {
+/// The id of neg(x) and -x: the elementwise negation.
 inline const OpId neg = register_op("neg");
 }  // namespace op
 
@@ -14,6 +15,7 @@ BasicTensor<T> neg(const BasicTensor<T>& x) {
       op::neg, x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; });
 }
 
+/// -x (neg).
 template <class T>
 BasicTensor<T> operator-(const BasicTensor<T>& x) { return neg(x); }
 

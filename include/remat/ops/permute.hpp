@@ -7,6 +7,7 @@
 
 namespace remat {
 namespace op {
+/// The id of permute(x, dims) (and transpose): the dims reordered, copied contiguous.
 inline const OpId permute = register_op("permute");
 }  // namespace op
 

@@ -5,6 +5,7 @@
 
 namespace remat {
 namespace op {
+/// The id of pow(x, p): every element to a scalar power.
 inline const OpId pow = register_op("pow");
 }  // namespace op
 

@@ -3,6 +3,7 @@
 
 namespace remat {
 namespace op {
+/// The id of relu(x): max(x, 0) elementwise.
 inline const OpId relu = register_op("relu");
 }  // namespace op
 

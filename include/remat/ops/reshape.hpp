@@ -5,6 +5,7 @@
 
 namespace remat {
 namespace op {
+/// The id of reshape(x, sizes) (and view, squeeze, unsqueeze, flatten): a new shape on the same data.
 inline const OpId reshape = register_op("reshape");
 }  // namespace op
 

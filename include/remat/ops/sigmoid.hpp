@@ -3,6 +3,7 @@
 
 namespace remat {
 namespace op {
+/// The id of sigmoid(x): 1 / (1 + exp(-x)) elementwise.
 inline const OpId sigmoid = register_op("sigmoid");
 }  // namespace op
 

@@ -16,7 +16,9 @@
 
 namespace remat {
 namespace op {
+/// The id of softmax(x): the softmax over the last dim.
 inline const OpId softmax = register_op("softmax");
+/// The id of log_softmax(x): the log of the softmax over the last dim.
 inline const OpId log_softmax = register_op("log_softmax");
 }  // namespace op
 

@@ -3,6 +3,7 @@
 
 namespace remat {
 namespace op {
+/// The id of sqrt(x): the elementwise square root.
 inline const OpId sqrt = register_op("sqrt");
 }  // namespace op
 

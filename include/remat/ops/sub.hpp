@@ -7,8 +7,11 @@
 
 namespace remat {
 namespace op {
+/// The id of sub(x, s) and x - s: a scalar subtracted from every element.
 inline const OpId sub_scalar = register_op("sub_scalar");
+/// The id of rsub(x, s) and s - x: every element subtracted from a scalar.
 inline const OpId rsub_scalar = register_op("rsub_scalar");
+/// The id of sub(a, b) and a - b: the elementwise difference, broadcast.
 inline const OpId sub = register_op("sub");
 }  // namespace op
 
@@ -49,10 +52,13 @@ BasicTensor<T> rsub(const BasicTensor<T>& x, S s) {
       op::rsub_scalar, x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; });
 }
 
+/// a - b (sub).
 template <class T>
 BasicTensor<T> operator-(const BasicTensor<T>& a, const BasicTensor<T>& b) { return sub(a, b); }
+/// x - s (sub).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator-(const BasicTensor<T>& x, S s) { return sub(x, s); }
+/// s - x (rsub).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator-(S s, const BasicTensor<T>& x) { return rsub(x, s); }
 

@@ -4,7 +4,9 @@
 
 namespace remat {
 namespace op {
+/// The id of sum(x): the sum of every element, a scalar.
 inline const OpId sum = register_op("sum");
+/// The id of sum(x, dim): the sum along a dim.
 inline const OpId sum_dim = register_op("sum_dim");
 }  // namespace op
 

@@ -3,6 +3,7 @@
 
 namespace remat {
 namespace op {
+/// The id of tanh(x): the elementwise hyperbolic tangent.
 inline const OpId tanh = register_op("tanh");
 }  // namespace op
 

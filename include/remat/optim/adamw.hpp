@@ -56,8 +56,10 @@ struct AdamWStep {
 
   /// The learning rate of this step.
   double lr;
+  ///@{
   /// β1, β2, lr / (1-β1ᵗ), 1 / √(1-β2ᵗ) and eps, as floats.
   float b1, b2, step_size, inv_sqrt_bc2, eps;
+  ///@}
 };
 
 /// Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW:

@@ -12,6 +12,7 @@
 #include "remat/core/factory.hpp"
 #include "remat/core/tensor.hpp"
 
+/// Optimizers (SGD, AdamW), learning-rate schedules (WarmupCosine) and gradient clipping, as torch.optim.
 namespace remat::optim {
 
 /// What an optimizer carries from one step to the next, by name, for saving a run and resuming it

@@ -26,6 +26,7 @@
 #include "remat/nn/module.hpp"
 
 namespace remat {
+/// Test helpers: bit-for-bit comparison of runs with and without checkpointing, and gradient checks.
 namespace testing {
 
 /// Whether two runs gave the same loss and parameter gradients, bit for bit (compare_gradients).

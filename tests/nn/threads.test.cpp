@@ -1,0 +1,73 @@
+// The kernels that split their work across threads (element-wise ops, dropout, layer norm,
+// cross-entropy rows, column sums) give the same bits under every team OpenMP may give them: other
+// thread counts, a dynamic team, inside a user's own parallel region, and from two user threads
+// at once. CTest also runs this file's cases under OMP_THREAD_LIMIT=1, OMP_DYNAMIC=true and
+// OMP_NUM_THREADS=3. (GEMMs are left out: their bits follow the team size, see README, Threads.)
+#include <thread>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "support.hpp"
+
+using namespace remat;
+
+namespace {
+
+/// Values and gradients of each splitting kernel on inputs large enough to be split.
+std::vector<std::vector<float>> kernel_results() {
+  std::vector<std::vector<float>> out;
+  Generator gen(31);
+  const Tensor x = randn({64, 1100}, gen);  // 70,400 elements: several pieces of kElementGrain
+  out.push_back(exp(x).to_vector());
+  out.push_back(gelu(x, GeluApproximation::tanh).to_vector());
+  Generator drop(7);
+  out.push_back(dropout(x, 0.3, true, drop).to_vector());
+  Tensor w = ones({1100}).requires_grad_(), b = zeros({1100}).requires_grad_();
+  Tensor xin = x.detach().requires_grad_();
+  Tensor y = layer_norm(xin, w, b);
+  sum(y * y).backward();
+  for (const Tensor& t : {y, xin.grad(), w.grad(), b.grad()}) out.push_back(t.to_vector());
+  Tensor logits = randn({300, 257}, gen).requires_grad_();
+  const LongTensor targets = randint(0, 257, {300}, gen);
+  Tensor loss = cross_entropy(logits, targets);
+  loss.backward();
+  out.push_back(loss.to_vector());
+  out.push_back(logits.grad().to_vector());
+  Tensor h = randn({4096, 24}, gen), bias = zeros({24}).requires_grad_();  // the bias gradient: a column sum
+  sum((h + bias) * (h + bias)).backward();
+  out.push_back(bias.grad().to_vector());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("threads: splitting kernels give the same bits on any team OpenMP gives them", "[threads]") {
+  const int threads = get_num_threads();
+  const auto expected = kernel_results();
+  for (const int t : {1, 2, 3}) {
+    INFO(t << " threads");
+    set_num_threads(t);
+    CHECK(kernel_results() == expected);
+  }
+  set_num_threads(threads);
+#ifdef _OPENMP
+  omp_set_dynamic(1);
+  CHECK(kernel_results() == expected);
+  omp_set_dynamic(0);
+  std::vector<std::vector<float>> nested;
+  REMAT_PRAGMA_OMP(omp parallel num_threads(2))
+  {
+    REMAT_PRAGMA_OMP(omp single)
+    nested = kernel_results();
+  }
+  CHECK(nested == expected);
+#endif
+  std::vector<std::vector<float>> a, b;
+  std::thread ta([&] { a = kernel_results(); }), tb([&] { b = kernel_results(); });
+  ta.join();
+  tb.join();
+  CHECK(a == expected);
+  CHECK(b == expected);
+}
