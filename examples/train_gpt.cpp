@@ -30,6 +30,9 @@
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
 // under that schedule (see remat/checkpoint/schedule.hpp) and print its plan first.
+//
+// Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
+// is a function or a small struct above it, named for what it does.
 #include <algorithm>
 #include <cctype>
 #include <csignal>
@@ -74,6 +77,12 @@ struct Options {
   std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks
   std::string state, resume, losses, trace;
 };
+
+/// `path` without a .safetensors ending: the stem of the files written beside the weights.
+std::string without_safetensors(std::string path) {
+  if (const auto dot = path.rfind(".safetensors"); dot != std::string::npos) path.erase(dot);
+  return path;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -136,11 +145,7 @@ Options parse(int argc, char** argv) {
   REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
   o.check = check == 1;
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
-  if (o.state.empty()) {
-    o.state = o.out;
-    if (const auto dot = o.state.rfind(".safetensors"); dot != std::string::npos) o.state.erase(dot);
-    o.state += ".state.safetensors";
-  }
+  if (o.state.empty()) o.state = without_safetensors(o.out) + ".state.safetensors";
 
   REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
               "must be positive and context above 1");
@@ -293,29 +298,47 @@ std::string clock_text(double secs) {
   return fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
+// ---- The parts of train() below, in the order it uses them. ----
+
 #ifdef REMAT_WITH_MPI
 using World = dist::Context;
 #else
 struct World {};  // no MPI in this build: always one process
 #endif
 
-int train(int argc, char** argv, [[maybe_unused]] World* world) {
-  const Options opt = parse(argc, argv);
+/// This process's place in the run: rank 0 of 1 unless mpirun started it.
+struct Ranks {
+  int rank = 0, count = 1;
+  std::int64_t local_batch = 0;  ///< this rank's rows of each global batch
+};
+
+Ranks join_ranks(const Options& opt, [[maybe_unused]] World* world) {
+  Ranks r;
 #ifdef REMAT_WITH_MPI
-  const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;
+  if (world) {
+    r.rank = world->rank();
+    r.count = world->world_size();
+  }
 #else
-  const int rank = 0, ranks = 1;
   REMAT_CHECK(opt.zero == 0, "train_gpt: --zero needs MPI (this build has none)");
 #endif
-  REMAT_CHECK(opt.batch % ranks == 0, "train_gpt: the global batch {} does not split evenly across {} ranks", opt.batch,
-              ranks);
-  if (rank != 0) REMAT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "train_gpt: cannot silence rank {}", rank);
-  const std::int64_t local_batch = opt.batch / ranks;
-  const Checkpointing checkpointing = policy::parse(opt.policy);
-  const Corpus corpus = load(opt.data);
-  const std::size_t split = corpus.ids.size() * 9 / 10;  // the last tenth is held out
-  REMAT_CHECK(split > static_cast<std::size_t>(opt.context) + 2, "train_gpt: {} is too short for context {}", opt.data, opt.context);
+  REMAT_CHECK(opt.batch % r.count == 0, "train_gpt: the global batch {} does not split evenly across {} ranks", opt.batch,
+              r.count);
+  // Rank 0 speaks for the run; the other ranks' copies of every line would only interleave with it.
+  if (r.rank != 0)
+    REMAT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "train_gpt: cannot silence rank {}", r.rank);
+  r.local_batch = opt.batch / r.count;
+  return r;
+}
 
+/// Where the training text ends: the last tenth is held out.
+std::size_t training_split(const Corpus& corpus, const Options& opt) {
+  const std::size_t split = corpus.ids.size() * 9 / 10;
+  REMAT_CHECK(split > static_cast<std::size_t>(opt.context) + 2, "train_gpt: {} is too short for context {}", opt.data, opt.context);
+  return split;
+}
+
+nn::GPTConfig gpt_config(const Options& opt, const Corpus& corpus) {
   nn::GPTConfig cfg;
   cfg.vocab_size = static_cast<std::int64_t>(corpus.chars.size());
   cfg.block_size = opt.context;
@@ -323,234 +346,400 @@ int train(int argc, char** argv, [[maybe_unused]] World* world) {
   cfg.n_head = opt.heads;
   cfg.n_embd = opt.width;
   cfg.dropout = opt.dropout;
-  Generator gen(static_cast<std::uint64_t>(opt.seed));
-  manual_seed(static_cast<std::uint64_t>(opt.seed));  // dropout draws from the default generator
-  nn::GPT model(cfg, gen);
+  return cfg;
+}
 
-  // Weight decay on matrices only, not on biases, norms or embeddings' positions (GPT-2 practice).
+/// Weight decay on matrices only, not on biases, norms or embeddings' positions (GPT-2 practice).
+std::vector<optim::ParamGroup> weight_decay_groups(nn::GPT& model) {
   optim::ParamGroup decay{{}, 0.1}, no_decay{{}, 0.0};
   for (auto& [name, p] : model.named_parameters()) (p->dim() >= 2 ? decay : no_decay).params.push_back(p);
-  const optim::AdamWOptions adamw_options{opt.lr, 0.9, 0.95, 1e-8};
-  optim::AdamW opt_adamw({decay, no_decay}, adamw_options);
+  return {decay, no_decay};
+}
+
+optim::AdamWOptions adamw_options(const Options& opt) { return {opt.lr, 0.9, 0.95, 1e-8}; }
+
+/// A tenth of the run warming up (at least one step, never all of them), then a cosine down to a tenth of --lr.
+optim::WarmupCosine lr_schedule(const Options& opt) {
   const std::int64_t warmup = std::min<std::int64_t>(std::max<std::int64_t>(1, opt.steps / 10), opt.steps - 1);
-  const optim::WarmupCosine schedule(opt.lr, opt.lr / 10, warmup, opt.steps);
+  return optim::WarmupCosine(opt.lr, opt.lr / 10, warmup, opt.steps);
+}
 
-  // One measured step in each mode, so the output shows what checkpointing buys on this model.
-  struct Measured {
-    std::size_t at_end = 0, peak = 0;
-  } measured[2];
-  {
-    auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
-    for (const bool ck : {false, true}) {
-      apply_checkpointing(model, ck ? Checkpointing::each_block() : Checkpointing::none());
-      const std::size_t base = memory_stats().saved_bytes;
-      MemoryScope scope;
-      Tensor loss = model.loss(x, y);
-      const std::size_t at_end = memory_stats().saved_bytes - base;
-      loss.backward();
-      measured[ck ? 1 : 0] = {at_end, scope.peak_saved_bytes() - base};
-      fmt::print("{:<28} saved for backward at the end of forward {}, peak saved {}, peak tensor memory {}\n",
-                 ck ? "checkpoint every block:" : "no checkpointing:", human_bytes(at_end),
-                 human_bytes(scope.peak_saved_bytes() - base), human_bytes(scope.peak_bytes()));
-    }
-    model.zero_grad();
-    if (checkpointing.schedule) {
-      // Measure each block once and show the schedule before running it.
-      const LongTensor pos = arange<std::int64_t>(0, opt.context);
-      const Tensor h0 = (model.wte(x) + model.wpe(pos)).detach();
-      *checkpointing.costs = measure_steps(model.blocks(), h0);
-      fmt::print("{}", plan(*checkpointing.schedule, cfg.n_layer, *checkpointing.costs).str());
-    }
-    apply_checkpointing(model, checkpointing);
+/// Bytes saved for backward by one step: at the end of forward, and their peak.
+struct SavedBytes {
+  std::size_t at_end = 0, peak = 0;
+};
+
+/// One step measured in each mode, whatever --policy is, so every run shows what checkpointing buys
+/// on this model (the summary repeats it).
+struct MemoryComparison {
+  SavedBytes plain, each_block;  ///< without checkpointing, and with every block checkpointed
+};
+
+MemoryComparison compare_memory(nn::GPT& model, const LongTensor& x, const LongTensor& y) {
+  MemoryComparison m;
+  for (const bool ck : {false, true}) {
+    apply_checkpointing(model, ck ? Checkpointing::each_block() : Checkpointing::none());
+    const std::size_t base = memory_stats().saved_bytes;
+    MemoryScope scope;
+    Tensor loss = model.loss(x, y);
+    const std::size_t at_end = memory_stats().saved_bytes - base;
+    loss.backward();
+    (ck ? m.each_block : m.plain) = {at_end, scope.peak_saved_bytes() - base};
+    fmt::print("{:<28} saved for backward at the end of forward {}, peak saved {}, peak tensor memory {}\n",
+               ck ? "checkpoint every block:" : "no checkpointing:", human_bytes(at_end),
+               human_bytes(scope.peak_saved_bytes() - base), human_bytes(scope.peak_bytes()));
   }
+  model.zero_grad();  // these gradients are a measurement, not the first step's
+  return m;
+}
 
-  // Data parallel: gradients averaged across ranks during backward; optionally sharded AdamW.
-  optim::Optimizer* optimizer = &opt_adamw;
+/// Compares the two modes on one batch, then installs the run's policy. The batch is drawn from the
+/// training stream, so moving or dropping this draw would change every training batch after it.
+MemoryComparison set_up_checkpointing(nn::GPT& model, const Checkpointing& checkpointing, const Options& opt,
+                                      const Corpus& corpus, std::size_t split, Generator& gen) {
+  auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
+  const MemoryComparison m = compare_memory(model, x, y);
+  if (checkpointing.schedule) {
+    // A schedule weighs the blocks' costs: measure each block once, and show the plan before running it.
+    const LongTensor pos = arange<std::int64_t>(0, opt.context);
+    const Tensor h0 = (model.wte(x) + model.wpe(pos)).detach();
+    *checkpointing.costs = measure_steps(model.blocks(), h0);
+    fmt::print("{}", plan(*checkpointing.schedule, opt.layers, *checkpointing.costs).str());
+  }
+  apply_checkpointing(model, checkpointing);
+  return m;
+}
+
+/// The optimizer, clipping and loss of a step: one process's own, or under mpirun gradients
+/// averaged across the ranks while backward runs and, with --zero 1, the AdamW state sharded.
+class DataParallelism {
+ public:
+  DataParallelism([[maybe_unused]] World* world, [[maybe_unused]] const Ranks& ranks, nn::GPT& model,
+                  optim::AdamW& adamw, [[maybe_unused]] const std::vector<optim::ParamGroup>& groups,
+                  [[maybe_unused]] const optim::AdamWOptions& options, [[maybe_unused]] bool zero)
+      : model_(model), optimizer_(&adamw) {
 #ifdef REMAT_WITH_MPI
-  std::optional<dist::DataParallel> ddp;
-  std::optional<dist::ShardedAdamW> sharded;
-  if (world) {
-    dist::DataParallelOptions options;
-    options.shard_gradients = opt.zero != 0;
-    ddp.emplace(*world, model, options);
-    if (opt.zero != 0) optimizer = &sharded.emplace(*ddp, std::vector<optim::ParamGroup>{decay, no_decay}, adamw_options);
-  }
-  REMAT_CHECK(opt.zero == 0 || world, "train_gpt: --zero 1 shards the optimizer across ranks: run under mpirun");
-  auto clip = [&] { return ddp ? ddp->clip_grad_norm(1.0) : optim::clip_grad_norm(model.parameters(), 1.0); };
-  // The step's loss averaged over ranks (every rank calls it: it is a collective).
-  auto global_loss = [&](const Tensor& loss) {
-    if (!world) return static_cast<double>(loss.item());
-    Tensor l = scalar(loss.item());  // a copy of its own: all_reduce sums in place
-    dist::all_reduce(*world, l);
-    return static_cast<double>(l.item()) / ranks;
-  };
-#else
-  auto clip = [&] { return optim::clip_grad_norm(model.parameters(), 1.0); };
-  auto global_loss = [](const Tensor& loss) { return static_cast<double>(loss.item()); };
+    world_ = world;
+    ranks_ = ranks.count;
+    if (world) {
+      dist::DataParallelOptions dp;
+      dp.shard_gradients = zero;
+      ddp_.emplace(*world, model, dp);
+      if (zero) optimizer_ = &sharded_.emplace(*ddp_, groups, options);
+    }
+    REMAT_CHECK(!zero || world, "train_gpt: --zero 1 shards the optimizer across ranks: run under mpirun");
 #endif
-  if (ranks > 1)
-    fmt::print("data parallel: {} ranks, {} sequences each{}\n", ranks, local_batch,
-               opt.zero != 0 ? ", AdamW state sharded (ZeRO-1)" : "");
+  }
+  // DataParallel registers itself as backward's gradient observer and ShardedAdamW keeps a reference
+  // to it: neither may move, so this does not either.
+  DataParallelism(const DataParallelism&) = delete;
+  DataParallelism& operator=(const DataParallelism&) = delete;
 
+  optim::Optimizer& optimizer() { return *optimizer_; }
+
+  void clip_gradients() {
+#ifdef REMAT_WITH_MPI
+    if (ddp_) {
+      ddp_->clip_grad_norm(1.0);
+      return;
+    }
+#endif
+    optim::clip_grad_norm(model_.parameters(), 1.0);
+  }
+
+  /// The step's loss averaged over ranks (every rank calls it: it is a collective).
+  double mean_loss(const Tensor& loss) {
+#ifdef REMAT_WITH_MPI
+    if (world_) {
+      Tensor l = scalar(loss.item());  // a copy of its own: all_reduce sums in place
+      dist::all_reduce(*world_, l);
+      return static_cast<double>(l.item()) / ranks_;
+    }
+#endif
+    return static_cast<double>(loss.item());
+  }
+
+ private:
+  nn::GPT& model_;
+  optim::Optimizer* optimizer_;
+#ifdef REMAT_WITH_MPI
+  World* world_ = nullptr;
+  int ranks_ = 1;
+  std::optional<dist::DataParallel> ddp_;
+  std::optional<dist::ShardedAdamW> sharded_;
+#endif
+};
+
+void print_run_header(const Options& opt, const Ranks& ranks, const Corpus& corpus, const nn::GPTConfig& cfg,
+                      nn::GPT& model) {
+  if (ranks.count > 1)
+    fmt::print("data parallel: {} ranks, {} sequences each{}\n", ranks.count, ranks.local_batch,
+               opt.zero != 0 ? ", AdamW state sharded (ZeRO-1)" : "");
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",
              corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
   fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads, "
              "policy {}\n", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(), opt.batch,
              opt.steps, opt.lr, get_num_threads(), opt.policy);
+}
 
-  using Clock = std::chrono::steady_clock;
-  const bool tty = isatty(STDOUT_FILENO) != 0;  // one updating line on a terminal, plain lines when piped
-  auto window_start = Clock::now();
-  const auto run_start = window_start;
-  double window_loss = 0;
+/// Everything the loop carries from one step to the next, besides model and optimizer: what
+/// --save-every saves with them, so that a resumed run prints and ends as the uninterrupted one.
+struct History {
+  double window_loss = 0;  ///< summed since the last log line
   std::int64_t window_steps = 0;
   double first_loss = 0, last_avg = 0;
   std::vector<CurvePoint> curve;
-  std::vector<float> losses;  // every step's loss (float32, as computed)
-  std::int64_t first_step = 0;
-  // Everything the loop carries from one step to the next, besides model and optimizer.
-  auto save_state = [&](std::int64_t next_step) {
-    io::TrainingState st;
-    st.step = next_step;
-    st.data_position = next_step;
-    st.generators["data"] = gen.state();
-    st.scalars = {{"window_loss", window_loss}, {"window_steps", static_cast<double>(window_steps)},
-                  {"first_loss", first_loss}, {"last_avg", last_avg}};
-    for (std::size_t k = 0; k < curve.size(); ++k) {
-      st.scalars[fmt::format("curve.{:06d}.step", k)] = static_cast<double>(curve[k].step);
-      st.scalars[fmt::format("curve.{:06d}.train", k)] = curve[k].train;
-      st.scalars[fmt::format("curve.{:06d}.held_out", k)] = curve[k].held_out;
-    }
-    if (!losses.empty()) st.tensors["losses"] = tensor(losses, {static_cast<std::int64_t>(losses.size())});
-    if (rank == 0)
-      io::save_training_state(opt.state, model, *optimizer, st);
-    else if (opt.zero != 0)
-      (void)optimizer->state();  // a sharded state is gathered by every rank together
-  };
-  if (!opt.resume.empty()) {
-    const io::TrainingState st = io::load_training_state(opt.resume, model, *optimizer);
-    REMAT_CHECK(st.step <= opt.steps, "train_gpt: {} is at step {}, past --steps {}", opt.resume, st.step, opt.steps);
-    first_step = st.step;
-    gen.set_state(st.generators.at("data"));
-    window_loss = st.scalars.at("window_loss");
-    window_steps = static_cast<std::int64_t>(st.scalars.at("window_steps"));
-    first_loss = st.scalars.at("first_loss");
-    last_avg = st.scalars.at("last_avg");
-    for (std::size_t k = 0; st.scalars.count(fmt::format("curve.{:06d}.step", k)); ++k)
-      curve.push_back({static_cast<std::int64_t>(st.scalars.at(fmt::format("curve.{:06d}.step", k))),
-                       st.scalars.at(fmt::format("curve.{:06d}.train", k)), st.scalars.at(fmt::format("curve.{:06d}.held_out", k))});
-    if (st.tensors.count("losses")) losses = st.tensors.at("losses").to_vector();
-    fmt::print("resumed from {} at step {}\n", opt.resume, first_step);
+  std::vector<float> losses;  ///< every step's loss (float32, as computed)
+
+  void add(std::int64_t step, double loss) {
+    losses.push_back(static_cast<float>(loss));
+    if (step == 0) first_loss = loss;
+    window_loss += loss;
+    ++window_steps;
   }
+};
+
+/// The whole training state, as the loop is before step `next_step`.
+void save_state(const Options& opt, const Ranks& ranks, std::int64_t next_step, const Generator& gen,
+                const History& h, nn::GPT& model, optim::Optimizer& optimizer) {
+  io::TrainingState st;
+  st.step = next_step;
+  st.data_position = next_step;
+  st.generators["data"] = gen.state();
+  st.scalars = {{"window_loss", h.window_loss}, {"window_steps", static_cast<double>(h.window_steps)},
+                {"first_loss", h.first_loss}, {"last_avg", h.last_avg}};
+  for (std::size_t k = 0; k < h.curve.size(); ++k) {
+    st.scalars[fmt::format("curve.{:06d}.step", k)] = static_cast<double>(h.curve[k].step);
+    st.scalars[fmt::format("curve.{:06d}.train", k)] = h.curve[k].train;
+    st.scalars[fmt::format("curve.{:06d}.held_out", k)] = h.curve[k].held_out;
+  }
+  if (!h.losses.empty()) st.tensors["losses"] = tensor(h.losses, {static_cast<std::int64_t>(h.losses.size())});
+  if (ranks.rank == 0)
+    io::save_training_state(opt.state, model, optimizer, st);
+  else if (opt.zero != 0)
+    (void)optimizer.state();  // a sharded state is gathered by every rank together
+}
+
+/// Loads what save_state wrote; returns the step to continue from.
+std::int64_t resume(const Options& opt, Generator& gen, History& h, nn::GPT& model, optim::Optimizer& optimizer) {
+  const io::TrainingState st = io::load_training_state(opt.resume, model, optimizer);
+  REMAT_CHECK(st.step <= opt.steps, "train_gpt: {} is at step {}, past --steps {}", opt.resume, st.step, opt.steps);
+  gen.set_state(st.generators.at("data"));
+  h.window_loss = st.scalars.at("window_loss");
+  h.window_steps = static_cast<std::int64_t>(st.scalars.at("window_steps"));
+  h.first_loss = st.scalars.at("first_loss");
+  h.last_avg = st.scalars.at("last_avg");
+  for (std::size_t k = 0; st.scalars.count(fmt::format("curve.{:06d}.step", k)); ++k)
+    h.curve.push_back({static_cast<std::int64_t>(st.scalars.at(fmt::format("curve.{:06d}.step", k))),
+                       st.scalars.at(fmt::format("curve.{:06d}.train", k)), st.scalars.at(fmt::format("curve.{:06d}.held_out", k))});
+  if (st.tensors.count("losses")) h.losses = st.tensors.at("losses").to_vector();
+  fmt::print("resumed from {} at step {}\n", opt.resume, st.step);
+  return st.step;
+}
+
+/// This rank's rows of the next global batch. Every rank draws the whole batch, so the ranks' data
+/// generators stay equal and the data are the same whatever the number of ranks.
+std::pair<LongTensor, LongTensor> next_batch(const Corpus& corpus, std::size_t split, const Options& opt,
+                                             const Ranks& ranks, Generator& gen) {
+  auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
+  if (ranks.count > 1) {
+    x = rows(x, ranks.rank * ranks.local_batch, ranks.local_batch);
+    y = rows(y, ranks.rank * ranks.local_batch, ranks.local_batch);
+  }
+  return {x, y};
+}
+
+/// What a training step leaves for the report.
+struct StepResult {
+  Tensor loss;                        ///< this rank's loss
+  std::size_t saved_at_forward_end;   ///< the bytes checkpointing is about: kept from forward for backward
+};
+
+StepResult train_step(nn::GPT& model, DataParallelism& parallel, double lr, const LongTensor& x, const LongTensor& y) {
+  parallel.optimizer().set_lr(lr);
+  Tensor loss = model.loss(x, y);
+  const std::size_t saved_at_forward_end = memory_stats().saved_bytes;
+  loss.backward();
+  parallel.clip_gradients();
+  parallel.optimizer().step();
+  parallel.optimizer().zero_grad();
+  return {loss, saved_at_forward_end};
+}
+
+/// The progress output: one updating line on a terminal, plain lines when piped (CI, logs). Every
+/// --log-every steps it closes the loss window, evaluates the held-out loss and adds a curve point.
+class ProgressReport {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit ProgressReport(const Options& opt) : opt_(opt) {}
+
+  /// `held_out()` evaluates the held-out loss; it is called on log steps only.
+  template <class HeldOut>
+  void after_step(std::int64_t step, double loss, std::size_t saved_at_forward_end, History& h, HeldOut held_out) {
+    const double elapsed = seconds_since_start();
+    const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(opt_.steps - step - 1);
+    if ((step + 1) % opt_.log_every == 0 || step + 1 == opt_.steps) {
+      const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
+      h.last_avg = h.window_loss / static_cast<double>(h.window_steps);
+      const double held = held_out();
+      h.curve.push_back({step + 1, h.last_avg, held});
+      const std::string line = fmt::format(
+          "step {:5d}/{}  loss {:.4f}  held-out {:.4f}  {:7.0f} tok/s  saved for backward {}  peak {}", step + 1, opt_.steps,
+          h.last_avg, held, static_cast<double>(h.window_steps * opt_.batch * opt_.context) / secs,
+          human_bytes(saved_at_forward_end), human_bytes(memory_stats().peak_bytes));
+      if (tty_) fmt::print("\r{}  ETA {}\x1b[K", line, clock_text(eta));
+      else fmt::print("{}\n", line);
+      std::fflush(stdout);
+      window_start_ = Clock::now();
+      h.window_loss = 0;
+      h.window_steps = 0;
+    } else if (tty_) {
+      fmt::print("\rstep {:5d}/{}  loss {:.4f}  held-out {}  ETA {}\x1b[K", step + 1, opt_.steps, loss,
+                 h.curve.empty() ? std::string("-") : fmt::format("{:.4f}", h.curve.back().held_out), clock_text(eta));
+      std::fflush(stdout);
+    }
+  }
+
+  /// Ends the updating line.
+  void finish() const {
+    if (tty_) fmt::print("\n");
+  }
+
+  double seconds_since_start() const { return std::chrono::duration<double>(Clock::now() - run_start_).count(); }
+
+ private:
+  const Options& opt_;
+  const bool tty_ = isatty(STDOUT_FILENO) != 0;
+  const Clock::time_point run_start_ = Clock::now();
+  Clock::time_point window_start_ = run_start_;
+};
+
+/// --losses: every step's loss exactly (hexadecimal floats), for comparing runs bit by bit.
+void write_losses(const Options& opt, const std::vector<float>& losses) {
+  if (opt.losses.empty()) return;
+  std::ofstream out(opt.losses);
+  for (float v : losses) out << fmt::format("{:a}\n", static_cast<double>(v));
+  REMAT_CHECK(out.good(), "train_gpt: cannot write {}", opt.losses);
+}
+
+/// How readable the sample is: the share of its words that are words of the corpus. Crude, but it
+/// tells a model that writes words from one that has only learned the letter frequencies.
+struct SampleScore {
+  double legible = 1.0;  ///< 1 when there is no sample (--sample 0): nothing to fail
+  std::size_t words = 0, known = 0;
+};
+
+/// Prints --sample characters generated after a newline, and how many of their words are corpus words.
+SampleScore sample_and_score(nn::GPT& model, const Corpus& corpus, const Options& opt) {
+  SampleScore score;
+  if (opt.sample <= 0) return score;
+  const LongTensor start = tensor<std::int64_t>({static_cast<std::int64_t>(corpus.chars.find('\n'))}, {1, 1});
+  Generator sample_gen(static_cast<std::uint64_t>(opt.seed) + 1000);
+  const LongTensor out = model.generate(start, opt.sample, opt.temperature, opt.top_k, sample_gen);
+  std::string text;
+  for (std::int64_t id : out.to_vector()) text += corpus.chars[static_cast<std::size_t>(id)];
+  for (const std::string& w : words_of(text)) {
+    ++score.words;
+    score.known += corpus.words.count(w);
+  }
+  score.legible = score.words ? static_cast<double>(score.known) / static_cast<double>(score.words) : 0.0;
+  fmt::print("sample ({} characters, temperature {}, top-k {}):\n{}\n", opt.sample, opt.temperature, opt.top_k, text);
+  fmt::print("sample: {:.0f}% of words in the corpus vocabulary ({} of {}; the corpus has {} distinct words)\n",
+             100 * score.legible, score.known, score.words, corpus.words.size());
+  return score;
+}
+
+/// The figures of the run in one Markdown table.
+void print_summary(const Options& opt, const Ranks& ranks, const Corpus& corpus, const History& h, double total_secs,
+                   double held_out, const SampleScore& sample, const MemoryComparison& memory,
+                   const std::string& curve_stem) {
+  const double tok_s = static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs;
+  fmt::print("\n| run summary | |\n|---|---|\n");
+  fmt::print("| steps | {} (batch {} x context {}, policy {}) |\n", opt.steps, opt.batch, opt.context, opt.policy);
+  fmt::print("| time | {:.1f} s, {:.0f} tokens/s, {} threads{} |\n", total_secs, tok_s, get_num_threads(),
+             ranks.count > 1 ? fmt::format(" per rank, {} ranks", ranks.count) : "");
+  fmt::print("| train loss | {:.3f} -> {:.3f} nats/char |\n", h.first_loss, h.last_avg);
+  fmt::print("| held-out loss | {:.3f} nats/char (unigram entropy {:.3f}) |\n", held_out, corpus.unigram_entropy);
+  if (opt.sample > 0)
+    fmt::print("| sample legibility | {:.0f}% of {} words in the corpus vocabulary (floor {:.0f}%) |\n",
+               100 * sample.legible, sample.words, 100 * opt.legible_floor);
+  fmt::print("| saved for backward | {} without checkpointing, {} with every block checkpointed (peak {} / {}) |\n",
+             human_bytes(memory.plain.at_end), human_bytes(memory.each_block.at_end), human_bytes(memory.plain.peak),
+             human_bytes(memory.each_block.peak));
+  fmt::print("| files | {} (weights), {}.csv and {}.svg (loss curve) |\n", opt.out, curve_stem, curve_stem);
+}
+
+/// Did the run learn? A miss is a FAIL and exit status 1 with --check 1, only a note without.
+int verdict(const Options& opt, const Corpus& corpus, double held_out, const SampleScore& sample) {
+  const bool learned = held_out < corpus.unigram_entropy;
+  const bool readable = opt.sample == 0 || sample.legible >= opt.legible_floor;
+  const char* word = opt.check ? "FAIL" : "note";
+  if (!learned) fmt::print("{}: the held-out loss did not beat the unigram entropy\n", word);
+  if (!readable) fmt::print("{}: the sample is below the legibility floor\n", word);
+  return opt.check && !(learned && readable) ? 1 : 0;
+}
+
+/// The whole run; each line below is one part of it, defined above.
+int train(int argc, char** argv, World* world) {
+  const Options opt = parse(argc, argv);
+  const Ranks ranks = join_ranks(opt, world);
+  const Checkpointing checkpointing = policy::parse(opt.policy);
+  const Corpus corpus = load(opt.data);
+  const std::size_t split = training_split(corpus, opt);
+
+  const nn::GPTConfig cfg = gpt_config(opt, corpus);
+  Generator gen(static_cast<std::uint64_t>(opt.seed));  // the weights' initialization, then the training batches
+  manual_seed(static_cast<std::uint64_t>(opt.seed));  // dropout draws from the default generator
+  nn::GPT model(cfg, gen);
+  const std::vector<optim::ParamGroup> groups = weight_decay_groups(model);
+  optim::AdamW adamw(groups, adamw_options(opt));
+  const optim::WarmupCosine schedule = lr_schedule(opt);
+
+  const MemoryComparison memory = set_up_checkpointing(model, checkpointing, opt, corpus, split, gen);
+  DataParallelism parallel(world, ranks, model, adamw, groups, adamw_options(opt), opt.zero != 0);
+  print_run_header(opt, ranks, corpus, cfg, model);
+
+  ProgressReport progress(opt);
+  History history;
+  const std::int64_t first_step = opt.resume.empty() ? 0 : resume(opt, gen, history, model, parallel.optimizer());
   for (std::int64_t step = first_step; step < opt.steps; ++step) {
     reset_peak_memory_stats();
     std::optional<Trace> trace;
     if (!opt.trace.empty() && step == first_step) trace.emplace(opt.trace);
-    auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
-    if (ranks > 1) {  // every rank draws the global batch and takes its rows
-      x = rows(x, rank * local_batch, local_batch);
-      y = rows(y, rank * local_batch, local_batch);
-    }
-    optimizer->set_lr(schedule(step));
-    Tensor loss = model.loss(x, y);
-    const std::size_t saved_at_forward_end = memory_stats().saved_bytes;
-    loss.backward();
-    clip();
-    optimizer->step();
-    optimizer->zero_grad();
+    // The batch and the loss stay alive until the step is reported: the reported peak includes them.
+    auto [x, y] = next_batch(corpus, split, opt, ranks, gen);
+    const StepResult result = train_step(model, parallel, schedule(step), x, y);
     if (trace) {
       trace->stop();
       fmt::print("timeline of step {} written to {} (peak saved for backward {})\n", step + 1, opt.trace,
                  human_bytes(memory_stats().peak_saved_bytes));
     }
-    const double l = global_loss(loss);
-    losses.push_back(static_cast<float>(l));
-    if (step == 0) first_loss = l;
-    window_loss += l;
-    ++window_steps;
-    const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-    const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(opt.steps - step - 1);
-    if ((step + 1) % opt.log_every == 0 || step + 1 == opt.steps) {
-      const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-      last_avg = window_loss / static_cast<double>(window_steps);
-      const double held = rank == 0 ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2) : 0.0;
-      curve.push_back({step + 1, last_avg, held});
-      const std::string line = fmt::format(
-          "step {:5d}/{}  loss {:.4f}  held-out {:.4f}  {:7.0f} tok/s  saved for backward {}  peak {}", step + 1, opt.steps,
-          last_avg, held, static_cast<double>(window_steps * opt.batch * opt.context) / secs,
-          human_bytes(saved_at_forward_end), human_bytes(memory_stats().peak_bytes));
-      if (tty) fmt::print("\r{}  ETA {}\x1b[K", line, clock_text(eta));
-      else fmt::print("{}\n", line);
-      std::fflush(stdout);
-      window_start = Clock::now();
-      window_loss = 0;
-      window_steps = 0;
-    } else if (tty) {
-      fmt::print("\rstep {:5d}/{}  loss {:.4f}  held-out {}  ETA {}\x1b[K", step + 1, opt.steps, l,
-                 curve.empty() ? std::string("-") : fmt::format("{:.4f}", curve.back().held_out), clock_text(eta));
-      std::fflush(stdout);
-    }
-    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0) save_state(step + 1);
-    if (opt.die_after > 0 && step + 1 == opt.die_after) {
+    const double loss = parallel.mean_loss(result.loss);
+    history.add(step, loss);
+    // Only rank 0 prints and saves the curve; the other ranks skip the evaluation.
+    progress.after_step(step, loss, result.saved_at_forward_end, history, [&] {
+      return ranks.rank == 0 ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2) : 0.0;
+    });
+    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0)
+      save_state(opt, ranks, step + 1, gen, history, model, parallel.optimizer());
+    if (opt.die_after > 0 && step + 1 == opt.die_after) {  // the resume test's crash
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
   }
-  if (!opt.losses.empty()) {
-    std::ofstream out(opt.losses);
-    for (float v : losses) out << fmt::format("{:a}\n", static_cast<double>(v));
-    REMAT_CHECK(out.good(), "train_gpt: cannot write {}", opt.losses);
-  }
-  if (tty) fmt::print("\n");
-  if (rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file
-  const double total_secs = std::chrono::duration<double>(Clock::now() - run_start).count();
+  write_losses(opt, history.losses);
+  progress.finish();
+  if (ranks.rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file
+
+  const double total_secs = progress.seconds_since_start();
   const double held_out = held_out_loss(model, corpus, split, opt.batch, opt.context, 8);
-
   io::save(model, opt.out);
-  std::string stem = opt.out;
-  if (const auto dot = stem.rfind(".safetensors"); dot != std::string::npos) stem.erase(dot);
-  stem += ".loss";
-  write_curve(curve, corpus.unigram_entropy, stem);
-
-  double legible = 1.0;
-  std::size_t sample_words = 0, known_words = 0;
-  if (opt.sample > 0) {
-    const LongTensor start = tensor<std::int64_t>({static_cast<std::int64_t>(corpus.chars.find('\n'))}, {1, 1});
-    Generator sample_gen(static_cast<std::uint64_t>(opt.seed) + 1000);
-    const LongTensor out = model.generate(start, opt.sample, opt.temperature, opt.top_k, sample_gen);
-    std::string text;
-    for (std::int64_t id : out.to_vector()) text += corpus.chars[static_cast<std::size_t>(id)];
-    for (const std::string& w : words_of(text)) {
-      ++sample_words;
-      known_words += corpus.words.count(w);
-    }
-    legible = sample_words ? static_cast<double>(known_words) / static_cast<double>(sample_words) : 0.0;
-    fmt::print("sample ({} characters, temperature {}, top-k {}):\n{}\n", opt.sample, opt.temperature, opt.top_k, text);
-    fmt::print("sample: {:.0f}% of words in the corpus vocabulary ({} of {}; the corpus has {} distinct words)\n",
-               100 * legible, known_words, sample_words, corpus.words.size());
-  }
-
-  const double tok_s = static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs;
-  fmt::print("\n| run summary | |\n|---|---|\n");
-  fmt::print("| steps | {} (batch {} x context {}, policy {}) |\n", opt.steps, opt.batch, opt.context, opt.policy);
-  fmt::print("| time | {:.1f} s, {:.0f} tokens/s, {} threads{} |\n", total_secs, tok_s, get_num_threads(),
-             ranks > 1 ? fmt::format(" per rank, {} ranks", ranks) : "");
-  fmt::print("| train loss | {:.3f} -> {:.3f} nats/char |\n", first_loss, last_avg);
-  fmt::print("| held-out loss | {:.3f} nats/char (unigram entropy {:.3f}) |\n", held_out, corpus.unigram_entropy);
-  if (opt.sample > 0)
-    fmt::print("| sample legibility | {:.0f}% of {} words in the corpus vocabulary (floor {:.0f}%) |\n", 100 * legible,
-               sample_words, 100 * opt.legible_floor);
-  fmt::print("| saved for backward | {} without checkpointing, {} with every block checkpointed (peak {} / {}) |\n",
-             human_bytes(measured[0].at_end), human_bytes(measured[1].at_end), human_bytes(measured[0].peak),
-             human_bytes(measured[1].peak));
-  fmt::print("| files | {} (weights), {}.csv and {}.svg (loss curve) |\n", opt.out, stem, stem);
-
-  const bool learned = held_out < corpus.unigram_entropy;
-  const bool readable = opt.sample == 0 || legible >= opt.legible_floor;
-  const char* verdict = opt.check ? "FAIL" : "note";
-  if (!learned) fmt::print("{}: the held-out loss did not beat the unigram entropy\n", verdict);
-  if (!readable) fmt::print("{}: the sample is below the legibility floor\n", verdict);
-  return opt.check && !(learned && readable) ? 1 : 0;
+  const std::string curve_stem = without_safetensors(opt.out) + ".loss";
+  write_curve(history.curve, corpus.unigram_entropy, curve_stem);
+  const SampleScore sample = sample_and_score(model, corpus, opt);
+  print_summary(opt, ranks, corpus, history, total_secs, held_out, sample, memory, curve_stem);
+  return verdict(opt, corpus, held_out, sample);
 }
 
 }  // namespace

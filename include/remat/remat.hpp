@@ -16,6 +16,7 @@
 #include "remat/core/autograd.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/core/timeline_json.hpp"
 
 #include "remat/checkpoint/apply.hpp"
 #include "remat/checkpoint/budget.hpp"

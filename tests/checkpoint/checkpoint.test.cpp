@@ -90,42 +90,21 @@ TEST_CASE("checkpoint: a whole GPT with every block checkpointed and dropout on,
   Generator init(4);
   nn::GPT gpt(test::small_gpt(4, 0.1), init);
   const LongTensor idx = randint(0, 23, {3, 12}, init), targets = randint(0, 23, {3, 12}, init);
-  auto run = [&](bool ck) {
-    gpt.zero_grad();
-    apply_checkpointing(gpt, ck ? Checkpointing::each_block() : Checkpointing::none());
-    manual_seed(5);
-    Tensor loss = gpt.loss(idx, targets);
-    loss.backward();
-    auto grads = test::gradients(gpt);
-    grads.push_back({loss.item()});
-    return grads;
-  };
-  const auto plain = run(false);
-  const auto ck = run(true);
-  REQUIRE(ck.size() == plain.size());
-  for (std::size_t i = 0; i < ck.size(); ++i) {
-    INFO("tensor " << i);
-    CHECK(ck[i] == plain[i]);
-  }
+  test::check_checkpointing(gpt, Checkpointing::each_block(), [&] { return gpt.loss(idx, targets); }, 5);
 }
 
 TEST_CASE("checkpoint: nested checkpoints give the same gradients", "[checkpoint][nested]") {
   Generator init(5);
-  nn::TransformerBlock b0(16, 2, 0.1, true, init), b1(16, 2, 0.1, true, init);
+  nn::Sequential blocks;  // holds both, so that one comparison covers every parameter
+  nn::TransformerBlock& b0 = blocks.emplace_back<nn::TransformerBlock>(16, 2, 0.1, true, init);
+  nn::TransformerBlock& b1 = blocks.emplace_back<nn::TransformerBlock>(16, 2, 0.1, true, init);
   const Tensor x0 = randn({2, 5, 16}, init);
-  auto run = [&](int mode) {
-    b0.zero_grad();
-    b1.zero_grad();
-    manual_seed(9);
-    Tensor y;
-    if (mode == 0) y = b1(b0(x0));
-    else y = checkpoint([&](const Tensor& x) { return b1(checkpoint(b0, x)); }, x0);
-    sum(y * y).backward();
-    auto g = test::gradients(b0);
-    for (auto& v : test::gradients(b1)) g.push_back(v);
-    return g;
-  };
-  CHECK(run(1) == run(0));
+  auto loss = [](const Tensor& y) { return sum(y * y); };
+  const testing::GradientComparison r = testing::compare_gradients(
+      blocks, [&] { return loss(b1(b0(x0))); },
+      [&] { return loss(checkpoint([&](const Tensor& x) { return b1(checkpoint(b0, x)); }, x0)); }, 9);
+  INFO(r.message);
+  CHECK(r.equal);
 }
 
 TEST_CASE("checkpoint: tuple outputs and non-tensor arguments pass through", "[checkpoint]") {
@@ -148,15 +127,8 @@ TEST_CASE("checkpoint: parameters get gradients when no input requires grad (fro
   nn::GPT gpt(test::small_gpt(2, 0.0), init);
   gpt.wte.weight = gpt.wte.weight.detach();  // a frozen embedding feeding checkpointed blocks
   const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
-  auto run = [&](bool ck) {
-    gpt.zero_grad();
-    apply_checkpointing(gpt, ck ? Checkpointing::each_block() : Checkpointing::none());
-    gpt.loss(idx, targets).backward();
-    return test::gradients(gpt);
-  };
-  const auto plain = run(false);
-  const auto ck = run(true);
-  CHECK(ck == plain);
+  test::check_checkpointing(gpt, Checkpointing::each_block(), [&] { return gpt.loss(idx, targets); });
+  // compare_checkpointing leaves the gradients of the checkpointed run.
   CHECK_FALSE(gpt.wte.weight.grad().defined());
   CHECK(gpt.h[0]->attn.c_attn.weight.grad().defined());
 }

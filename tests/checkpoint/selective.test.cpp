@@ -6,20 +6,11 @@ TEST_CASE("selective checkpointing: keeping matmul outputs gives bitwise-identic
   Generator init(11);
   nn::GPT gpt(test::small_gpt(3, 0.1), init);
   const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
-  auto run = [&](bool ck, SavePolicy save) {
-    gpt.zero_grad();
-    apply_checkpointing(gpt, ck ? Checkpointing::each_block(std::move(save)) : Checkpointing::none());
-    manual_seed(3);
-    Tensor loss = gpt.loss(idx, targets);
-    loss.backward();
-    auto g = test::gradients(gpt);
-    g.push_back({loss.item()});
-    return g;
-  };
-  const auto plain = run(false, {});
-  CHECK(run(true, save_policy::matmuls()) == plain);
-  CHECK(run(true, save_policy::ops({"softmax", "gelu"})) == plain);
-  CHECK(run(true, [](const OpOutput& out) { return out.op == op::linear; }) == plain);
+  const SavePolicy linears = [](const OpOutput& out) { return out.op == op::linear; };
+  for (const Checkpointing& how : {Checkpointing::each_block(save_policy::matmuls(), "matmuls"),
+                                   Checkpointing::each_block(save_policy::ops({"softmax", "gelu"}), "softmax, gelu"),
+                                   Checkpointing::each_block(linears, "linear")})
+    test::check_checkpointing(gpt, how, [&] { return gpt.loss(idx, targets); }, 3);
 }
 
 TEST_CASE("selective checkpointing: kept outputs are exactly what is saved on top of the boundary", "[checkpoint][selective]") {

@@ -12,4 +12,15 @@ inline std::vector<std::vector<float>> gradients(nn::Module& m) {
   return out;
 }
 
+/// CHECKs that `how` changes neither the loss nor any parameter gradient of `model`, bit for bit
+/// (testing::compare_checkpointing from generator seed `seed`); a failure names the first
+/// difference and the checkpointing.
+template <class Stack>
+void check_checkpointing(Stack& model, const Checkpointing& how, const std::function<Tensor()>& loss_fn,
+                         std::uint64_t seed = 0) {
+  const testing::GradientComparison r = testing::compare_checkpointing(model, how, loss_fn, seed);
+  INFO(how.name << ": " << r.message);
+  CHECK(r.equal);
+}
+
 }  // namespace remat::test

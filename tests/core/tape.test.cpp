@@ -134,13 +134,12 @@ TEST_CASE("tape: inputs that do not require grad receive no gradient work", "[co
 
 namespace {
 
-/// Records what the grad observer hears, as data parallelism would use it.
-struct GradRecorder : detail::GradObserver {
-  GradRecorder() : previous(std::exchange(detail::grad_observer(), static_cast<detail::GradObserver*>(this))) {}
-  ~GradRecorder() override { detail::grad_observer() = previous; }
-  void on_leaf_grad(const void* leaf) override { events.push_back(leaf); }
-  void on_backward_end(bool completed) override { ends.push_back(completed); }
-  detail::GradObserver* previous;
+/// Records what an observer hears of gradients, as data parallelism uses it.
+struct GradRecorder : Observer {
+  void leaf_grad(const void* leaf) override { events.push_back(leaf); }
+  void backward_end(bool completed, bool outermost) override {
+    if (outermost) ends.push_back(completed);
+  }
   std::vector<const void*> events;
   std::vector<bool> ends;
 };

@@ -103,6 +103,8 @@ template <class Steps = std::vector<ChainStep>>
 std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
   std::vector<StepCost> costs;
   const Generator::State rng = default_generator().state();
+  detail::DrawnGenerators others;  // put back too: measuring must not move the user's generators
+  detail::RecordDraws draws(others);
   // The executor holds steps recorded in forward compactly under the same modes (ChainRun).
   const bool compact = detail::checkpoint_early_stop_flag() && !detail::checkpoint_checking_flag();
   Tensor h = x.detach();
@@ -135,6 +137,7 @@ std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
     h = y.detach();
   }
   default_generator().set_state(rng);
+  others.rewind();
   return costs;
 }
 
@@ -166,7 +169,8 @@ struct ChainRun {
   Plan plan;
   std::string name;           // "chain[policy]", in errors
   bool check_values = false;  // compare replayed values too (CheckpointChecking), not just shapes
-  StateRuns rng;                      // each step's generator state at its first execution
+  StateRuns rng;                      // each step's default-generator state at its first execution
+  std::map<std::size_t, DrawnGenerators> other_rng;  // the steps that drew from other generators too
   EqualRuns<Shape> out_shapes;        // each step's output shape at its first execution
   std::vector<std::uint64_t> out_hashes;  // and its values' hash, when check_values
   // Early stop for recorded steps whose output only feeds their own reversal: each step's last
@@ -218,6 +222,8 @@ struct ChainRun {
       SegmentReads reads;
       Tensor y;
       {
+        DrawnGenerators others;
+        RecordDraws draws(others);
         // What the step's ops save depends on which inputs need a gradient: observe it as its
         // recorded replays will run it, with the input needing one (step 0: if the chain's does).
         Tensor in = x;
@@ -232,6 +238,7 @@ struct ChainRun {
         if (notes) recorder.emplace(x.storage().get());
         y = steps[k](in);
         if (recorder) *notes = recorder->notes();
+        if (!others.empty()) other_rng.emplace(k, std::move(others));
       }
       last_needed.push_back(reads.last_needed);
       op_hashes.push_back(reads.ops);
@@ -251,8 +258,10 @@ struct ChainRun {
     };
     Tensor y;
     TimelineSpan span("replay", [&] { return fmt::format("{} step {}", rebuild ? "rebuild" : "replay", i); });
+    ReplayNotice notice({"chain", name.c_str(), i});
     try {
-      y = as_replay(rng[k], [&] {
+      const auto others = other_rng.find(k);
+      y = as_replay(rng[k], others == other_rng.end() ? nullptr : &others->second, [&] {
         std::optional<ReplaySkipper> skipper;
         if (output_unused && early_stop && !rebuild) skipper.emplace(last_needed[k]);
         std::optional<OpTrace> trace;

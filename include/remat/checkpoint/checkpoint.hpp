@@ -78,7 +78,8 @@ struct Segment {
   bool check_values = false;
   bool early_stop = true;
   bool debug = false;
-  Generator::State rng;
+  Generator::State rng;                   // the default generator's at the start
+  DrawnGenerators other_rng;              // every other generator the forward drew from
   std::vector<ArgumentSlot> arg_slots;   // one per tensor in the arguments, in for_each_tensor order
   std::vector<SegmentOutput> outputs;    // one per tensor in the result, in for_each_tensor order
   std::vector<std::size_t> node_outputs; // which of those are the node's outputs
@@ -136,6 +137,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   std::vector<detail::SavedTensor> kept;
   R result = [&] {
     auto not_recording = detail::scoped_recording(false);
+    detail::RecordDraws draws(seg.other_rng);
     // Innermost last: the trace and the observer see every op output before the selective
     // handler, which passes none outward.
     detail::SelectiveHook hook(seg.options.save ? detail::SelectiveHook::Mode::stash : detail::SelectiveHook::Mode::off,
@@ -212,7 +214,8 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     try {
       run.record([&] {
         detail::TimelineSpan span("replay", [&] { return "replay " + seg.options.name; });
-        detail::as_replay(seg.rng, [&] {
+        detail::ReplayNotice notice({"checkpoint", seg.options.name.c_str()});
+        detail::as_replay(seg.rng, &seg.other_rng, [&] {
           detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, seg.kept_ops, kept_outputs,
                                      seg.options.name);
           detail::ReplaySkipper skipper(seg.reads.last_needed, seg.early_stop);

@@ -125,9 +125,10 @@ struct RematPlan {
 };
 
 /// RAII: while it lives, the bytes saved for backward on this thread's graphs stay at or under the
-/// budget (the library's saved-for-backward books, memory_stats().saved_bytes). One per thread at
-/// a time. Run both forward and backward inside it: when it ends, outputs still discarded and still
-/// needed by a graph kept for another backward are recomputed, without a budget.
+/// budget (this thread's saved-for-backward books: what the graphs built on this thread save; the
+/// process's memory_stats().saved_bytes adds every thread's). One per thread at a time. Run both
+/// forward and backward inside it: when it ends, outputs still discarded and still needed by a
+/// graph kept for another backward are recomputed, without a budget.
 class MemoryBudget final : public OpOutputHook, public detail::Residency {
  public:
   /// A limit of `bytes` on the bytes saved for backward on this thread; one budget per thread at a time.
@@ -240,7 +241,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   void make_room(std::size_t bytes, const detail::Storage* incoming) override {
     if (closing_) return;
     const std::size_t moment = moment_++;
-    std::size_t saved = memory_stats().saved_bytes;
+    std::size_t saved = books_->saved_bytes();
     if (plan_) {
       while (next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment < moment) ++next_planned_;
       for (; next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment == moment; ++next_planned_) {
@@ -511,15 +512,14 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     least_ = 0;
     limit_ = budget_;
     hashes_.clear();
-    scope_.emplace();
+    books_->reset_peak();
   }
 
   void finish_step() {
-    log_.peak_saved_bytes = scope_->peak_saved_bytes();
+    log_.peak_saved_bytes = books_->peak_saved_bytes();
     last_log_ = std::move(log_);
     last_log_.least_feasible = over_ ? least_ : 0;
     last_first_over_ = first_over_;
-    scope_.reset();
     begin_step();
   }
 
@@ -539,7 +539,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   bool over_ = false;
   std::string first_over_, last_first_over_;
   BudgetLog log_, last_log_;
-  std::optional<MemoryScope> scope_;
+  std::shared_ptr<detail::ThreadSavedBooks> books_ = detail::thread_saved_books();
 };
 
 }  // namespace remat

@@ -1,9 +1,11 @@
 #pragma once
 // The replay protocol, written once for checkpoint() and for the chain executor:
 //
-//   1. as_replay(rng, fn): the thread's generator is set to the state the forward saw, and put
-//      back afterwards (so the backward does not disturb the caller's random stream); while fn
-//      runs, is_replaying() is true, so user code can skip side effects.
+//   1. as_replay(rng, others, fn): the thread's default generator is set to the state the forward
+//      started at, and every other generator the forward drew from to its state at its first draw
+//      (detail::RecordDraws noted them), all put back afterwards (so the backward does not disturb
+//      the caller's random streams); while fn runs, is_replaying() is true, so user code can skip
+//      side effects.
 //   2. RecordedRun::record(fn): fn runs with recording and grad mode on, its ops going onto a tape
 //      of the run's own, nested inside whatever is current (a checkpointed forward records
 //      nothing, but its replay must).
@@ -15,6 +17,7 @@
 // Because random ops draw from the restored generator state and every CPU kernel is
 // deterministic, a replay recomputes the forward's values bit for bit.
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -45,10 +48,13 @@ std::uint64_t fingerprint(const BasicTensor<T>& t) {
 }
 
 
-/// Runs fn() as the replay of a computation that first ran with the generator at `rng`.
+/// Runs fn() as the replay of a computation that first ran with the default generator at `rng`
+/// and drew from the generators `others` (null: none) at the states noted there.
 template <class F>
-decltype(auto) as_replay(Generator::State rng, F&& fn) {
+decltype(auto) as_replay(Generator::State rng, const DrawnGenerators* others, F&& fn) {
   ScopedValue<Generator::State> generator(default_generator().state_slot(), rng);
+  std::optional<RestoreDraws> restored;
+  if (others && !others->empty()) restored.emplace(*others);
   auto replaying = scoped_replay();
   return std::forward<F>(fn)();
 }

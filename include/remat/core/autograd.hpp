@@ -152,22 +152,21 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
                 "backward ran through it before; pass retain_graph=true to the first backward to run "
                 "it twice", shape_);
   }
-  // The grad observer hears when the outermost backward ends (a dry run inside one is not an end).
+  // Observers hear whether a backward is the outermost (a dry run inside one is not an end).
   detail::AutogradState& state = detail::autograd_state();
   const bool outermost = state.backward_depth == 0;
   ScopedValue<int> depth(state.backward_depth, state.backward_depth + 1);
+  detail::notify([&](Observer& o) { o.backward_begin(outermost); });
   try {
     detail::accumulate_grad(*meta_, std::move(seed));
     if (tape) tape->backward(static_cast<TapePosition>(index) + 1, 0, retain_graph);
   } catch (...) {
-    if (detail::GradObserver* observer = detail::grad_observer(); observer && outermost)
-      observer->on_backward_end(false);
+    detail::notify([&](Observer& o) { o.backward_end(false, outermost); });
     if (detail::Residency* residency = detail::active_residency(); residency && outermost)
       residency->backward_ended(false);
     throw;
   }
-  if (detail::GradObserver* observer = detail::grad_observer(); observer && outermost)
-    observer->on_backward_end(true);
+  detail::notify([&](Observer& o) { o.backward_end(true, outermost); });
   // Last: a memory budget that was exceeded in this step says so by throwing here.
   if (detail::Residency* residency = detail::active_residency(); residency && outermost)
     residency->backward_ended(true);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <memory>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -243,6 +244,36 @@ inline std::uint64_t next_storage_serial(bool take) {
 
 class Storage;
 
+/// The saved-for-backward bytes of the graphs one thread builds: what that thread's MemoryBudget
+/// caps, so that two threads under two budgets do not steer each other's decisions. A storage
+/// remembers the books it joined (a backward may run, and free it, on another thread), and the
+/// books outlive their thread while a storage still counts in them.
+class ThreadSavedBooks {
+ public:
+  std::size_t saved_bytes() const { return saved_.load(std::memory_order_relaxed); }
+  /// The most saved_bytes() has been since reset_peak().
+  std::size_t peak_saved_bytes() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(saved_bytes(), std::memory_order_relaxed); }
+
+  void add(std::size_t bytes) {
+    const std::size_t now = saved_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+  void remove(std::size_t bytes) { saved_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::size_t> saved_{0};
+  std::atomic<std::size_t> peak_{0};
+};
+
+/// This thread's books of saved bytes.
+inline const std::shared_ptr<ThreadSavedBooks>& thread_saved_books() {
+  thread_local const std::shared_ptr<ThreadSavedBooks> books = std::make_shared<ThreadSavedBooks>();
+  return books;
+}
+
 /// Who may discard a storage's bytes and bring them back (a memory budget): every read of an
 /// attached storage goes through access(), which recomputes the bytes first when they were
 /// discarded. make_room() is asked, on the thread whose budget is active, before bytes join the
@@ -282,7 +313,7 @@ class Storage {
   ~Storage() {
     if (residency_) residency_->forget(*this);
     if (!data_) return;  // discarded, or its buffer was handed to another storage
-    if (saved_refs_ > 0) MemoryLedger::instance().remove_saved(bytes_);
+    if (saved_refs_ > 0) leave_saved_books();
     MemoryLedger::instance().deallocate(data_, bytes_);
   }
   Storage(const Storage&) = delete;
@@ -302,12 +333,12 @@ class Storage {
   void retain_saved() {
     if (saved_refs_ == 0 && data_) {
       if (Residency* r = active_residency()) r->make_room(bytes_, this);
-      MemoryLedger::instance().add_saved(bytes_);
+      join_saved_books();
     }
     ++saved_refs_;
   }
   void release_saved() {
-    if (--saved_refs_ == 0 && data_) MemoryLedger::instance().remove_saved(bytes_);
+    if (--saved_refs_ == 0 && data_) leave_saved_books();
   }
   int saved_refs() const { return saved_refs_; }
 
@@ -321,7 +352,7 @@ class Storage {
   /// Frees the bytes; the handle, shape and version stay. Saved books drop them while away.
   void discard() {
     if (!data_) return;
-    if (saved_refs_ > 0) MemoryLedger::instance().remove_saved(bytes_);
+    if (saved_refs_ > 0) leave_saved_books();
     MemoryLedger::instance().deallocate(data_, bytes_);
     data_ = nullptr;
   }
@@ -331,7 +362,7 @@ class Storage {
     if (Residency* r = active_residency(); r && saved_refs_ > 0) r->make_room(bytes_, this);
     data_ = fresh.data_;
     fresh.data_ = nullptr;  // live bytes move with the buffer: fresh's allocation is now ours
-    if (saved_refs_ > 0) MemoryLedger::instance().add_saved(bytes_);
+    if (saved_refs_ > 0) join_saved_books();
   }
   /// References a residency's own bookkeeping holds (a recomputation's captured inputs), which do
   /// not make a storage "held by the user".
@@ -339,6 +370,18 @@ class Storage {
   int bookkeeping_refs() const { return bookkeeping_refs_; }
 
  private:
+  // The process's books and the saving thread's.
+  void join_saved_books() {
+    MemoryLedger::instance().add_saved(bytes_);
+    books_ = thread_saved_books();
+    books_->add(bytes_);
+  }
+  void leave_saved_books() {
+    MemoryLedger::instance().remove_saved(bytes_);
+    books_->remove(bytes_);
+    books_.reset();
+  }
+
   void* data_;
   std::size_t bytes_;
   std::uint64_t serial_;
@@ -346,6 +389,7 @@ class Storage {
   int saved_refs_ = 0;
   int bookkeeping_refs_ = 0;
   Residency* residency_ = nullptr;
+  std::shared_ptr<ThreadSavedBooks> books_;  // while saved: the books these bytes count in
 };
 
 }  // namespace detail

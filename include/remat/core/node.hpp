@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/observer.hpp"
 #include "remat/core/saved_tensor.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/timeline.hpp"
@@ -87,24 +88,6 @@ inline bool& discard_leaf_grads() {
   return on;
 }
 
-/// Told, on the thread that runs backward, each time a leaf's .grad has taken a contribution and
-/// when the outermost backward returns. Data parallelism starts reducing a parameter's gradient
-/// once its last contribution of the step has arrived, while backward goes on.
-class GradObserver {
- public:
-  virtual ~GradObserver() = default;
-  /// `leaf` is the leaf's autograd identity (its AutogradMeta's address).
-  virtual void on_leaf_grad(const void* leaf) = 0;
-  /// `completed` is false when the backward ends with an exception.
-  virtual void on_backward_end(bool completed) = 0;
-};
-
-/// The thread's observer, or null; the observer installs and removes itself.
-inline GradObserver*& grad_observer() {
-  thread_local GradObserver* observer = nullptr;
-  return observer;
-}
-
 template <class T>
 void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
   if (meta.is_leaf() && discard_leaf_grads()) return;
@@ -114,8 +97,7 @@ void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
   } else {
     flat(meta.grad) += flat(g);
   }
-  if (meta.is_leaf())
-    if (GradObserver* observer = grad_observer()) observer->on_leaf_grad(&meta);
+  if (meta.is_leaf()) notify([&](Observer& o) { o.leaf_grad(&meta); });
 }
 
 template <class T>
@@ -199,6 +181,7 @@ class TypedNode final : public Node {
       }
     }
     BackwardContext<T> ctx(*this, grads, retain_graph);
+    notify([&](Observer& o) { o.backward_op(name()); });
     TimelineSpan span(name(), "backward");
     const std::vector<std::shared_ptr<Storage>> pinned = pin_saved();
     fn_(ctx);

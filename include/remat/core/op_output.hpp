@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/observer.hpp"
 #include "remat/core/saved_tensor.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -173,7 +174,9 @@ namespace detail {
 /// for the node a checkpointed forward would record); so does whatever holds tensors for a backward
 /// outside a node's saved list.
 inline void report_saved_for_backward(const std::vector<SavedTensor>& saved) {
-  if (OpOutputHook* hook = OpOutputHook::current(); hook && !saved.empty()) hook->saved_for_backward(saved);
+  if (saved.empty()) return;
+  if (OpOutputHook* hook = OpOutputHook::current()) hook->saved_for_backward(saved);
+  notify([&](Observer& o) { o.saved(saved); });
 }
 
 }  // namespace detail

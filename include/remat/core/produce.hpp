@@ -105,7 +105,7 @@ template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
                                            const OpReads& reads, Compute&& compute) {
   OpOutputHook* hook = OpOutputHook::current();
-  if (!hook) {
+  if (!hook && !observers().listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }
@@ -115,6 +115,16 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
   const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data(), dtypes.data()};
+  auto observed = [&](const std::vector<TensorRef>& values) { notify([&](Observer& o) { o.op(out, values); }); };
+  if (!hook) {
+    std::tuple<BasicTensor<Ts>...> result = [&] {
+      QuietObservers quiet;
+      TimelineSpan span(op.name(), "forward");
+      return compute();
+    }();
+    observed(refs_of(result));
+    return result;
+  }
   if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
     REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
                 supplied.size(), n);
@@ -123,6 +133,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
                   op.name(), i, supplied[i].shape, shapes[i]);
     auto result = tensors_from_refs<Ts...>(supplied, op.name(), std::index_sequence_for<Ts...>{});
     hook->produced(out, supplied);  // handlers see every output, computed or handed over
+    observed(supplied);
     return result;
   }
   if (hook->skip(out)) {
@@ -131,16 +142,19 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
     std::vector<TensorRef> refs = refs_of(result);
     hook->produced(out, refs);
+    observed(refs);
     return result;
   }
   const std::uint64_t first_new_serial = next_storage_serial(false);
   std::tuple<BasicTensor<Ts>...> result = [&] {
     OpOutputHook::Suspended quiet;
+    QuietObservers quiet_observers;
     TimelineSpan span(op.name(), "forward");
     return compute();
   }();
   std::vector<TensorRef> refs = refs_of(result);
   hook->produced(out, refs);
+  observed(refs);
   if (hook->wants_recompute()) hook->recomputable(out, refs, make_recompute(reads, compute, first_new_serial));
   return result;
 }
@@ -148,7 +162,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
 /// produce_all for an op with one output.
 template <class T, class Compute>
 BasicTensor<T> produce(OpId op, const Shape& shape, double flops, const OpReads& reads, Compute&& compute) {
-  if (!OpOutputHook::current()) {
+  if (!OpOutputHook::current() && !observers().listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }

@@ -8,7 +8,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace remat {
 
@@ -81,8 +84,17 @@ inline void philox_blocks(std::uint64_t seed, std::uint64_t first, std::uint32_t
 
 }  // namespace detail
 
+class Generator;
+namespace detail {
+struct GeneratorState;
+void note_draw(const std::shared_ptr<GeneratorState>& generator);
+}  // namespace detail
+
 /// A counter-based (Philox) random generator: its whole state is a seed and a count of blocks used,
 /// so saving the state and restoring it replays the same draws (what checkpoint replays rely on).
+/// Every draw is reported to the thread's draw recorders (detail::RecordDraws), so a checkpoint
+/// restores each generator its segment drew from, not only the default one. A copy is a new
+/// generator (at the same state); assigning one to another copies the state, not the identity.
 class Generator {
  public:
   /// Everything a generator is: restoring it repeats the draws that followed.
@@ -97,24 +109,30 @@ class Generator {
   };
 
   /// A generator at the start of `seed`'s stream.
-  explicit Generator(std::uint64_t seed = 0) : state_{seed, 0} {}
+  explicit Generator(std::uint64_t seed = 0);
+  /// A new generator at `other`'s state: drawing from one does not advance the other.
+  Generator(const Generator& other);
+  /// Takes `other`'s state; this generator stays the one a checkpoint noted.
+  Generator& operator=(const Generator& other);
 
   /// The current state, to restore later with set_state.
-  State state() const { return state_; }
+  State state() const;
   /// Resumes from a state taken by state().
-  void set_state(State s) { state_ = s; }
+  void set_state(State s);
   /// Restarts at the beginning of `seed`'s stream (as torch.manual_seed).
-  void manual_seed(std::uint64_t seed) { state_ = {seed, 0}; }
+  void manual_seed(std::uint64_t seed) { set_state({seed, 0}); }
   /// The seed of the current stream.
-  std::uint64_t seed() const { return state_.seed; }
+  std::uint64_t seed() const { return state().seed; }
 
   /// The next 128 random bits.
-  std::array<std::uint32_t, 4> next_block() {
-    return detail::philox_block(state_.seed, state_.offset++);
-  }
+  std::array<std::uint32_t, 4> next_block();
+
+  /// Takes the next `blocks` blocks for a draw the caller makes itself from the state returned
+  /// (the state at entry): what random ops call, so that the draw is reported like any other.
+  State take(std::uint64_t blocks);
 
   /// The state itself, for a scoped restore (ScopedValue) around a replay.
-  State& state_slot() { return state_; }
+  State& state_slot();
 
   /// n uniforms in [0, 1): floats follow the element rule of for_each_uniform24 (4 per block),
   /// doubles take 53 bits each (2 per block).
@@ -140,8 +158,120 @@ class Generator {
   }
 
  private:
-  State state_;
+  std::shared_ptr<detail::GeneratorState> state_;
 };
+
+namespace detail {
+
+/// A generator's state, owned by the generator; a DrawnGenerators entry watches it weakly, so a
+/// generator destroyed before the backward is simply not restored (a segment that makes its own
+/// generator makes it afresh in the replay).
+struct GeneratorState {
+  Generator::State value;
+};
+
+/// The generators a computation drew from, each with its state at the first draw: what a replay
+/// sets them to so that it draws the same numbers. Filled while a RecordDraws lives. The thread's
+/// default generator is not among them: checkpoints and chains save its state at their start
+/// whatever they draw (a chain stores a step's states compactly, and most steps draw from it).
+class DrawnGenerators {
+ public:
+  struct Entry {
+    std::weak_ptr<GeneratorState> generator;
+    const GeneratorState* id;  // stays unique while `generator` watches it (one allocation)
+    Generator::State at_first_draw;
+  };
+
+  /// Notes `generator` at its current state unless it is already noted.
+  void note(const std::shared_ptr<GeneratorState>& generator) {
+    for (const Entry& e : entries_)
+      if (e.id == generator.get()) return;
+    entries_.push_back({generator, generator.get(), generator->value});
+  }
+  bool empty() const { return entries_.empty(); }
+  std::size_t size() const { return entries_.size(); }
+  const std::vector<Entry>& entries() const { return entries_; }
+  /// Sets every generator still alive back to its state at the first draw, for good.
+  void rewind() const {
+    for (const Entry& e : entries_)
+      if (auto g = e.generator.lock()) g->value = e.at_first_draw;
+  }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+/// The innermost RecordDraws of this thread, or null: every draw walks the chain outward.
+class RecordDraws;
+inline RecordDraws*& innermost_draw_recorder() {
+  thread_local RecordDraws* innermost = nullptr;
+  return innermost;
+}
+
+/// RAII: while it lives, every generator drawn from on this thread is noted in `log`, and in the
+/// logs of the recorders outside it (a segment nested in another is part of the outer's replay).
+class RecordDraws {
+ public:
+  explicit RecordDraws(DrawnGenerators& log) : log_(log), outer_(innermost_draw_recorder()) {
+    innermost_draw_recorder() = this;
+  }
+  ~RecordDraws() { innermost_draw_recorder() = outer_; }
+  RecordDraws(const RecordDraws&) = delete;
+  RecordDraws& operator=(const RecordDraws&) = delete;
+
+  void note(const std::shared_ptr<GeneratorState>& generator) {
+    for (RecordDraws* r = this; r; r = r->outer_) r->log_.note(generator);
+  }
+
+ private:
+  DrawnGenerators& log_;
+  RecordDraws* outer_;
+};
+
+/// RAII: every generator of `log` still alive is at its state at the first draw while it lives,
+/// and back where it was afterwards (so a backward does not disturb the caller's random streams).
+class RestoreDraws {
+ public:
+  explicit RestoreDraws(const DrawnGenerators& log) {
+    for (const DrawnGenerators::Entry& e : log.entries())
+      if (auto g = e.generator.lock()) {
+        saved_.push_back({g, g->value});
+        g->value = e.at_first_draw;
+      }
+  }
+  ~RestoreDraws() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) it->first->value = it->second;
+  }
+  RestoreDraws(const RestoreDraws&) = delete;
+  RestoreDraws& operator=(const RestoreDraws&) = delete;
+
+ private:
+  std::vector<std::pair<std::shared_ptr<GeneratorState>, Generator::State>> saved_;
+};
+
+}  // namespace detail
+
+inline Generator::Generator(std::uint64_t seed)
+    : state_(std::make_shared<detail::GeneratorState>(detail::GeneratorState{{seed, 0}})) {}
+inline Generator::Generator(const Generator& other)
+    : state_(std::make_shared<detail::GeneratorState>(*other.state_)) {}
+inline Generator& Generator::operator=(const Generator& other) {
+  state_->value = other.state_->value;
+  return *this;
+}
+inline Generator::State Generator::state() const { return state_->value; }
+inline void Generator::set_state(State s) { state_->value = s; }
+inline std::array<std::uint32_t, 4> Generator::next_block() {
+  detail::note_draw(state_);
+  return detail::philox_block(state_->value.seed, state_->value.offset++);
+}
+inline Generator::State Generator::take(std::uint64_t blocks) {
+  detail::note_draw(state_);
+  const State at_entry = state_->value;
+  state_->value.offset += blocks;
+  return at_entry;
+}
+inline Generator::State& Generator::state_slot() { return state_->value; }
 
 namespace detail {
 
@@ -183,8 +313,8 @@ template <class T>
 void Generator::uniform(T* out, std::size_t n) {
   static_assert(std::is_floating_point_v<T>, "uniform: floating-point output only");
   if constexpr (std::is_same_v<T, float>) {
-    detail::for_each_uniform24(state_, 0, n, [out](std::uint64_t i, float u) { out[i] = u; });
-    state_.offset += detail::uniform24_blocks(n);
+    const State at_entry = take(detail::uniform24_blocks(n));
+    detail::for_each_uniform24(at_entry, 0, n, [out](std::uint64_t i, float u) { out[i] = u; });
   } else {
     std::size_t i = 0;
     while (i < n) {
@@ -205,5 +335,12 @@ inline Generator& default_generator() {
 
 /// Reseeds this thread's default generator with `seed`.
 inline void manual_seed(std::uint64_t seed) { default_generator().manual_seed(seed); }
+
+namespace detail {
+inline void note_draw(const std::shared_ptr<GeneratorState>& generator) {
+  RecordDraws* r = innermost_draw_recorder();
+  if (r && &generator->value != &default_generator().state_slot()) r->note(generator);
+}
+}  // namespace detail
 
 }  // namespace remat

@@ -1,31 +1,22 @@
 #pragma once
-// A timeline of a training step, in the Chrome trace-event format that Perfetto and
-// chrome://tracing open: every op's forward and backward, each checkpoint replay and chain action
-// as nested spans, and the library's live and saved-for-backward bytes as counter tracks.
-//
-//   { remat::Trace trace("step.json"); loss = model.loss(x, y); loss.backward(); }  // written here
+// The recording behind remat::Trace: while a trace is active, every op's forward and backward,
+// each checkpoint replay and chain action as nested spans, and the library's live and
+// saved-for-backward bytes as counters. The writer, remat::Trace, is in
+// remat/core/timeline_json.hpp: this header is on every tensor's include path (through memory.hpp),
+// so it carries no JSON library.
 //
 // Off by default, and then free: each instrumented place costs one relaxed atomic load (a whole
-// small train_gpt run under callgrind: +0.05% instructions). One trace records at a time; it is
-// process-wide, so OpenMP workers' allocations count too — end it when no other thread of yours
-// is running library code, since one may still be writing to it.
+// small train_gpt run under callgrind: +0.05% instructions).
 
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-
-#include "remat/core/error.hpp"
 
 namespace remat {
 namespace detail {
@@ -97,53 +88,4 @@ class TimelineSpan {
 };
 
 }  // namespace detail
-
-/// RAII: records the timeline while it lives and writes it to `path` when it ends (or at stop()).
-class Trace {
- public:
-  /// Starts recording; the timeline goes to `path` (Chrome trace JSON) at the end.
-  explicit Trace(std::string path) : path_(std::move(path)) {
-    detail::Timeline* expected = nullptr;
-    REMAT_CHECK(detail::active_timeline().compare_exchange_strong(expected, &timeline_),
-                "Trace: another trace is recording; one at a time");
-  }
-  ~Trace() {
-    try {
-      stop();
-    } catch (const std::exception&) {  // a destructor must not throw: stop() reports write errors to callers who call it
-    }
-  }
-  Trace(const Trace&) = delete;
-  Trace& operator=(const Trace&) = delete;
-
-  /// Stops recording and writes the file (once); a remat::Error if it cannot be written.
-  void stop() {
-    if (stopped_) return;
-    stopped_ = true;
-    detail::Timeline* self = &timeline_;
-    detail::active_timeline().compare_exchange_strong(self, nullptr);
-    nlohmann::json events = nlohmann::json::array();
-    for (const detail::Timeline::Event& e : timeline_.take()) {
-      nlohmann::json j = {{"ph", std::string(1, e.phase)}, {"cat", e.category}, {"ts", e.us}, {"pid", 1}, {"tid", e.thread}};
-      if (e.phase == 'B') j["name"] = e.name;
-      if (e.phase == 'C') {
-        j["name"] = e.name;
-        j["args"] = {{"live bytes", e.live}, {"saved bytes", e.saved}};
-      }
-      events.push_back(std::move(j));
-    }
-    errno = 0;
-    std::ofstream out(path_);
-    REMAT_CHECK(out.good(), "Trace: cannot write {}: {}", path_, std::strerror(errno));
-    out << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-    out.flush();
-    REMAT_CHECK(out.good(), "Trace: writing {} failed: {}", path_, std::strerror(errno));
-  }
-
- private:
-  std::string path_;
-  detail::Timeline timeline_;
-  bool stopped_ = false;
-};
-
 }  // namespace remat

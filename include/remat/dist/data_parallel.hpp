@@ -104,7 +104,7 @@ struct Bucket {
 
 /// PyTorch's DistributedDataParallel: every rank runs the whole model on its share of the batch,
 /// and the parameters' gradients are averaged over the ranks in buckets while backward still runs.
-class DataParallel : private remat::detail::GradObserver {
+class DataParallel : private remat::Observer {
  public:
   /// Over all of model's parameters (named_parameters()).
   DataParallel(Context& ctx, nn::Module& model, DataParallelOptions options = {})
@@ -132,11 +132,9 @@ class DataParallel : private remat::detail::GradObserver {
     // start in bucket order as buckets become ready, the all-gathers in bucket order as sums
     // finish: two orders that interleave differently on each rank, hence two communicators.
     detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &gather_comm_), "MPI_Comm_dup");
-    previous_observer_ = std::exchange(remat::detail::grad_observer(), static_cast<remat::detail::GradObserver*>(this));
   }
   /// Wrappers on one thread must be destroyed in the reverse order of their construction.
   ~DataParallel() override {
-    remat::detail::grad_observer() = previous_observer_;
     wait_for_sent();
     MPI_Comm_free(&gather_comm_);
   }
@@ -212,13 +210,12 @@ class DataParallel : private remat::detail::GradObserver {
 
   using Clock = std::chrono::steady_clock;
 
-  void on_leaf_grad(const void* leaf) override {
+  // Observer: every observer on the thread hears every leaf, so wrappers of other models (and any
+  // profiler) hear theirs too.
+  void leaf_grad(const void* leaf) override {
     if (!sync_) return;
     auto it = index_.find(leaf);
-    if (it == index_.end()) {  // another wrapper's parameter, or a leaf input that requires grad
-      if (previous_observer_) previous_observer_->on_leaf_grad(leaf);
-      return;
-    }
+    if (it == index_.end()) return;  // another wrapper's parameter, or a leaf input that requires grad
     const std::size_t i = it->second;
     if (!step_started_) start_step();
     ++seen_[i];
@@ -235,10 +232,8 @@ class DataParallel : private remat::detail::GradObserver {
     progress(false);
   }
 
-  void on_backward_end(bool completed) override {
-    finish_step(completed);
-    // Wrappers of other models on this thread (built earlier) hear it too.
-    if (previous_observer_) previous_observer_->on_backward_end(completed);
+  void backward_end(bool completed, bool outermost) override {
+    if (outermost) finish_step(completed);  // a dry run inside a backward is not the step's end
   }
 
   void finish_step(bool completed) {
@@ -478,7 +473,6 @@ class DataParallel : private remat::detail::GradObserver {
   std::vector<Tensor*> params_;
   std::vector<std::string> names_;
   std::unordered_map<const void*, std::size_t> index_;
-  remat::detail::GradObserver* previous_observer_ = nullptr;
 
   bool sync_ = true;
   bool step_started_ = false;

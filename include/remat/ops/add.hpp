@@ -1,8 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/produce.hpp"
-#include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/binary.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -18,16 +17,8 @@ inline const OpId add = register_op("add");
 /// Saves: nothing.
 template <class T>
 BasicTensor<T> add(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "add");
-  BasicTensor<T> z = detail::produce<T>(op::add, shape, static_cast<double>(shape.numel()),
-                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "add", [](const auto& x, const auto& y) { return x + y; }); });
-  if (detail::grad_needed(a, b))
-    detail::record<T>(op::add, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T>& dz = ctx.grad_output();
-      if (ctx.needs_grad(0)) ctx.accumulate(0, detail::sum_to(dz, sa));
-      if (ctx.needs_grad(1)) ctx.accumulate(1, detail::sum_to(dz, sb));
-    });
-  return z;
+  return detail::binary_op(
+      op::add, a, b, [](const auto& x, const auto& y) { return x + y; }, detail::partial_one, detail::partial_one);
 }
 
 /// y = x + s.  dx = dy.  Saves: nothing.

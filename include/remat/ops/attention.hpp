@@ -31,6 +31,7 @@
 #include "remat/core/random.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/dropout_draw.hpp"
 #include "remat/ops/detail/exp.hpp"
 
 namespace remat {
@@ -161,20 +162,12 @@ void attention_backward(const AttentionLayout& L, const T* q, const T* k, const 
   });
 }
 
-/// The dropout numbers of an attention call: the probability in force, the keep multiplier, and the
-/// generator state its draw starts at (the generator is moved past the B·H·T² elements it covers).
+/// The dropout draw of an attention call over its B·H·T² probabilities: none in evaluation or at p = 0.
 template <class T>
-struct AttentionDropout {
-  float p;
-  T keep_scale;
-  Generator::State rng;
-  AttentionDropout(double dropout_p, bool training, std::int64_t elements, Generator& gen)
-      : p(training ? static_cast<float>(dropout_p) : 0.0f),
-        keep_scale(p > 0 ? static_cast<T>(1.0 / (1.0 - dropout_p)) : T(1)),  // as dropout() computes it
-        rng(gen.state()) {
-    if (p > 0) gen.set_state({rng.seed, rng.offset + uniform24_blocks(static_cast<std::uint64_t>(elements))});
-  }
-};
+DropoutDraw<T> attention_dropout(double dropout_p, bool training, std::int64_t elements, Generator& gen) {
+  if (!training || dropout_p == 0.0) return DropoutDraw<T>();
+  return DropoutDraw<T>(dropout_p, static_cast<std::uint64_t>(elements), gen);
+}
 
 }  // namespace detail
 
@@ -191,15 +184,15 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention: dropout must be in [0, 1), got {}", dropout_p);
   const std::int64_t B = q.size(0), H = q.size(1), t = q.size(2), d = q.size(3);
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const detail::AttentionDropout<T> drop(dropout_p, training, B * H * t * t, gen);
+  const detail::DropoutDraw<T> drop = detail::attention_dropout<T>(dropout_p, training, B * H * t * t, gen);
   const auto layout = detail::AttentionLayout::separate(B, H, t, d);
 
   // The log-sum-exp per row is an output too: whoever keeps y keeps what its backward needs.
   const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
   auto [y, lse] = detail::produce_all<T, T>(op::causal_attention, {q.shape(), Shape{B, H, t}}, flops, {q, k, v}, [=] {
     BasicTensor<T> out_y(q.shape()), out_lse(Shape{B, H, t});
-    detail::attention_forward(layout, q.cdata(), k.cdata(), v.cdata(), out_y.data(), out_lse.data(), scale, drop.p,
-                              drop.keep_scale, drop.rng);
+    detail::attention_forward(layout, q.cdata(), k.cdata(), v.cdata(), out_y.data(), out_lse.data(), scale, drop.threshold,
+                              drop.scale, drop.at_entry);
     return std::make_tuple(out_y, out_lse);
   });
 
@@ -208,7 +201,7 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
       const BasicTensor<T> qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2), ls = ctx.saved(3);
       BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());
       detail::attention_backward(layout, qs.cdata(), ks.cdata(), vs.cdata(), ls.cdata(), ctx.grad_output().cdata(),
-                                 dq.data(), dk.data(), dv.data(), scale, drop.p, drop.keep_scale, drop.rng);
+                                 dq.data(), dk.data(), dv.data(), scale, drop.threshold, drop.scale, drop.at_entry);
       ctx.accumulate(0, std::move(dq));
       ctx.accumulate(1, std::move(dk));
       ctx.accumulate(2, std::move(dv));
@@ -231,15 +224,15 @@ BasicTensor<T> causal_self_attention(const BasicTensor<T>& qkv, std::int64_t n_h
               dropout_p);
   const std::int64_t B = qkv.size(0), t = qkv.size(1), C = qkv.size(2) / 3, H = n_head, d = C / H;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const detail::AttentionDropout<T> drop(dropout_p, training, B * H * t * t, gen);
+  const detail::DropoutDraw<T> drop = detail::attention_dropout<T>(dropout_p, training, B * H * t * t, gen);
   const auto layout = detail::AttentionLayout::packed(B, H, t, d);
 
   const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
   auto [y, lse] = detail::produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, {qkv}, [=] {
     BasicTensor<T> out_y(Shape{B, t, C}), out_lse(Shape{B, H, t});
     const T* base = qkv.cdata();
-    detail::attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.p,
-                              drop.keep_scale, drop.rng);
+    detail::attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.threshold,
+                              drop.scale, drop.at_entry);
     return std::make_tuple(out_y, out_lse);
   });
 
@@ -250,7 +243,7 @@ BasicTensor<T> causal_self_attention(const BasicTensor<T>& qkv, std::int64_t n_h
       const T* base = packed.cdata();
       T* g = grad.data();
       detail::attention_backward(layout, base, base + C, base + 2 * C, ls.cdata(), ctx.grad_output().cdata(), g,
-                                 g + C, g + 2 * C, scale, drop.p, drop.keep_scale, drop.rng);
+                                 g + C, g + 2 * C, scale, drop.threshold, drop.scale, drop.at_entry);
       ctx.accumulate(0, std::move(grad));
     });
   return y;

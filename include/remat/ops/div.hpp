@@ -1,8 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/produce.hpp"
-#include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/binary.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -21,32 +20,17 @@ inline const OpId div = register_op("div");
 /// Saves: b, and z when b needs a gradient.
 template <class T>
 BasicTensor<T> div(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "div");
-  BasicTensor<T> z = detail::produce<T>(op::div, shape, static_cast<double>(shape.numel()),
-                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "div", [](const auto& x, const auto& y) { return x / y; }); });
-  if (detail::grad_needed(a, b)) {
-    const bool db = b.requires_grad();
-    std::vector<detail::SavedTensor> saved{b};
-    if (db) saved.emplace_back(z);
-    detail::record<T>(op::div, {a, b}, {&z}, std::move(saved),
-                      [db, sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
-                        const BasicTensor<T>& dz = ctx.grad_output();
-                        const BasicTensor<T> bv = ctx.saved(0);
-                        if (ctx.needs_grad(0))
-                          ctx.accumulate(0, detail::sum_to(detail::broadcast_apply(
-                                                               dz, bv, "div", [](const auto& x, const auto& y) { return x / y; }),
-                                                           sa));
-                        if (db) {
-                          const BasicTensor<T> zv = ctx.saved(1);
-                          BasicTensor<T> g(dz.shape());
-                          detail::flat(g) = -detail::flat(dz) * detail::flat(zv);
-                          ctx.accumulate(1, detail::sum_to(detail::broadcast_apply(
-                                                               g, bv, "div", [](const auto& x, const auto& y) { return x / y; }),
-                                                           sb));
-                        }
-                      });
-  }
-  return z;
+  auto over = [](const auto& x, const auto& y) { return x / y; };
+  return detail::binary_op(
+      op::div, a, b, over,
+      detail::partial<detail::reads_b>([over](const auto& dz, const auto& v) {
+        return detail::broadcast_apply(dz, v.b, "div", over);
+      }),
+      detail::partial<detail::reads_b | detail::reads_z>([over](const BasicTensor<T>& dz, const auto& v) {
+        BasicTensor<T> g(dz.shape());
+        detail::flat(g) = -detail::flat(dz) * detail::flat(v.z);
+        return detail::broadcast_apply(g, v.b, "div", over);
+      }));
 }
 
 /// y = x / s.  dx = dy / s.  Saves: nothing.

@@ -4,6 +4,7 @@
 #include "remat/core/random.hpp"
 #include "remat/core/threads.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/ops/detail/dropout_draw.hpp"
 
 namespace remat {
 namespace op {
@@ -45,20 +46,17 @@ template <class T>
 BasicTensor<T> dropout(const BasicTensor<T>& x, double p, bool training = true, Generator& gen = default_generator()) {
   REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0.0) return x;
-  const Generator::State at_entry = gen.state();
-  const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
-  const auto pf = static_cast<float>(p);
   const std::int64_t n = x.numel();
+  const detail::DropoutDraw<T> draw(p, static_cast<std::uint64_t>(n), gen);
   BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
     BasicTensor<T> out(x.shape());
-    detail::apply_dropout_mask(x.data(), out.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
+    detail::apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
     return out;
   });
-  gen.set_state({gen.seed(), gen.state().offset + detail::uniform24_blocks(static_cast<std::uint64_t>(n))});
   if (detail::grad_needed(x))
-    detail::record<T>(op::dropout, {x}, {&y}, {}, [at_entry, pf, p, scale, n](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::dropout, {x}, {&y}, {}, [draw, n](detail::BackwardContext<T>& ctx) {
       BasicTensor<T> dx(ctx.grad_output().shape());
-      detail::apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, p < 1.0 ? pf : 2.0f, scale, at_entry);
+      detail::apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, draw.threshold, draw.scale, draw.at_entry);
       ctx.accumulate(0, std::move(dx));
     });
   return y;

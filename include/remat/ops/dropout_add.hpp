@@ -25,10 +25,11 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
               "dropout_add: the branch {} and the residual {} must have one shape (no broadcasting)", h.shape(),
               residual.shape());
   if (!training || p == 0.0) return add(residual, h);
-  const Generator::State at_entry = gen.state();
-  const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
-  const float threshold = p < 1.0 ? static_cast<float>(p) : 2.0f;
   const std::int64_t n = h.numel();
+  const detail::DropoutDraw<T> draw(p, static_cast<std::uint64_t>(n), gen);
+  const Generator::State at_entry = draw.at_entry;
+  const T scale = draw.scale;
+  const float threshold = draw.threshold;
   BasicTensor<T> y = detail::produce<T>(op::dropout_add, h.shape(), 2.0 * static_cast<double>(n), {h, residual}, [=] {
     BasicTensor<T> out(h.shape());
     const T* ph = h.cdata();
@@ -47,7 +48,6 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
     });
     return out;
   });
-  gen.set_state({gen.seed(), gen.state().offset + detail::uniform24_blocks(static_cast<std::uint64_t>(n))});
   if (detail::grad_needed(h, residual))
     detail::record<T>(op::dropout_add, {h, residual}, {&y}, {},
                       [at_entry, threshold, scale, n](detail::BackwardContext<T>& ctx) {

@@ -1,8 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/produce.hpp"
-#include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/binary.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -19,28 +18,14 @@ inline const OpId mul = register_op("mul");
 template <class T>
 BasicTensor<T> mul(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   auto times = [](const auto& x, const auto& y) { return x * y; };
-  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "mul");
-  BasicTensor<T> z = detail::produce<T>(op::mul, shape, static_cast<double>(shape.numel()),
-                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "mul", times); });
-  if (detail::grad_needed(a, b)) {
-    const bool da = a.requires_grad(), db = b.requires_grad();
-    std::vector<detail::SavedTensor> saved;
-    if (da) saved.emplace_back(b);
-    if (db) saved.emplace_back(a);
-    detail::record<T>(op::mul, {a, b}, {&z}, std::move(saved),
-                      [da, db, sa = a.shape(), sb = b.shape(), times](detail::BackwardContext<T>& ctx) {
-                        const BasicTensor<T>& dz = ctx.grad_output();
-                        if (da) {
-                          const BasicTensor<T> other = ctx.saved(0);
-                          ctx.accumulate(0, detail::sum_to(detail::broadcast_apply(dz, other, "mul", times), sa));
-                        }
-                        if (db) {
-                          const BasicTensor<T> other = ctx.saved(da ? 1 : 0);
-                          ctx.accumulate(1, detail::sum_to(detail::broadcast_apply(dz, other, "mul", times), sb));
-                        }
-                      });
-  }
-  return z;
+  return detail::binary_op(
+      op::mul, a, b, times,
+      detail::partial<detail::reads_b>([times](const auto& dz, const auto& v) {
+        return detail::broadcast_apply(dz, v.b, "mul", times);
+      }),
+      detail::partial<detail::reads_a>([times](const auto& dz, const auto& v) {
+        return detail::broadcast_apply(dz, v.a, "mul", times);
+      }));
 }
 
 /// y = x * s.  dx = dy * s.  Saves: nothing.

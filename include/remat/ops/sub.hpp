@@ -1,8 +1,7 @@
 #pragma once
 #include <type_traits>
 
-#include "remat/core/produce.hpp"
-#include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/binary.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -20,20 +19,9 @@ inline const OpId sub = register_op("sub");
 /// Saves: nothing.
 template <class T>
 BasicTensor<T> sub(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  const Shape shape = detail::broadcast_shape(a.shape(), b.shape(), "sub");
-  BasicTensor<T> z = detail::produce<T>(op::sub, shape, static_cast<double>(shape.numel()),
-                                        {a, b}, [=] { return detail::broadcast_apply(a, b, "sub", [](const auto& x, const auto& y) { return x - y; }); });
-  if (detail::grad_needed(a, b))
-    detail::record<T>(op::sub, {a, b}, {&z}, {}, [sa = a.shape(), sb = b.shape()](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T>& dz = ctx.grad_output();
-      if (ctx.needs_grad(0)) ctx.accumulate(0, detail::sum_to(dz, sa));
-      if (ctx.needs_grad(1)) {
-        BasicTensor<T> db = detail::copy_of(detail::sum_to(dz, sb));
-        detail::flat(db) = -detail::flat(db);
-        ctx.accumulate(1, std::move(db));
-      }
-    });
-  return z;
+  return detail::binary_op(
+      op::sub, a, b, [](const auto& x, const auto& y) { return x - y; }, detail::partial_one,
+      detail::partial_minus_one);
 }
 
 /// y = x - s.  dx = dy.  Saves: nothing.

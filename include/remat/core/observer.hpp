@@ -1,0 +1,123 @@
+#pragma once
+// Observers: the listener kind that sees every event of this thread, unconditionally and in order —
+// an op's outputs, what a node saves for backward, each op's backward, each leaf gradient, the
+// start and end of backward and of every replay. Unlike the op-output handlers (OpOutputHook,
+// which decide: reuse an output, skip a compute), observers decide nothing, so no handler can hide
+// an event from them: a profiler installed around a checkpointed model hears the ops inside each
+// segment's forward, each replay and the backward. Observers nest; each hears every event, the
+// outermost first.
+//
+// An op built from other ops is one op to observers, as to handlers: while an op computes, the
+// events of the ops inside it are not reported.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "remat/core/saved_tensor.hpp"
+#include "remat/core/tensor.hpp"
+
+namespace remat {
+
+struct OpOutput;
+
+/// What happened in a replay event: checkpoint() replaying a segment, or a chain replaying a step.
+struct ReplayEvent {
+  const char* kind;          ///< "checkpoint" or "chain"
+  const char* name;          ///< the segment's name, or the chain's
+  std::ptrdiff_t step = -1;  ///< the chain's step; -1 for a checkpoint
+};
+
+/// A listener that sees every event of this thread while it lives (install by constructing it;
+/// observers on one thread are destroyed in the reverse order of their construction). Override
+/// what you need; every method does nothing by default.
+class Observer {
+ public:
+  Observer();
+  virtual ~Observer();
+  Observer(const Observer&) = delete;
+  Observer& operator=(const Observer&) = delete;
+
+  /// An op made its outputs: computed, handed over by a handler, or skipped by early stop (then
+  /// `values` are storage nobody reads).
+  virtual void op(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
+    (void)out, (void)values;
+  }
+  /// A node was recorded (or would be, in a checkpointed forward) that keeps `saved` for its backward.
+  virtual void saved(const std::vector<detail::SavedTensor>& saved) { (void)saved; }
+  /// The backward of the node named `name` (its op's name, or a checkpoint's) is about to run.
+  virtual void backward_op(const char* name) { (void)name; }
+  /// A leaf's .grad took a contribution; `leaf` is its autograd identity (its AutogradMeta).
+  virtual void leaf_grad(const void* leaf) { (void)leaf; }
+  /// Tensor::backward began; `outermost` is false for a backward inside another (a planner's dry run).
+  virtual void backward_begin(bool outermost) { (void)outermost; }
+  /// Tensor::backward ended, `completed` false when by an exception.
+  virtual void backward_end(bool completed, bool outermost) { (void)completed, (void)outermost; }
+  /// A replay began.
+  virtual void replay_begin(const ReplayEvent& e) { (void)e; }
+  /// The replay begun last ended (also when by an exception).
+  virtual void replay_end(const ReplayEvent& e) { (void)e; }
+};
+
+namespace detail {
+
+/// This thread's observers, outermost first, and whether an op's compute is running (its inner
+/// ops are not reported).
+struct Observers {
+  std::vector<Observer*> list;
+  int quiet = 0;
+  bool listening() const { return quiet == 0 && !list.empty(); }
+};
+
+inline Observers& observers() {
+  thread_local Observers o;
+  return o;
+}
+
+/// Calls f(observer) for each observer of this thread, outermost first, unless an op is computing.
+template <class F>
+void notify(F&& f) {
+  Observers& o = observers();
+  if (!o.listening()) return;
+  for (Observer* observer : o.list) f(*observer);
+}
+
+/// RAII: observers hear nothing while it lives (an op computing its outputs from other ops).
+class QuietObservers {
+ public:
+  QuietObservers() { ++observers().quiet; }
+  ~QuietObservers() { --observers().quiet; }
+  QuietObservers(const QuietObservers&) = delete;
+  QuietObservers& operator=(const QuietObservers&) = delete;
+};
+
+/// RAII: reports a replay's begin now and its end when it goes, also on an exception.
+class ReplayNotice {
+ public:
+  explicit ReplayNotice(ReplayEvent e) : e_(e) {
+    notify([&](Observer& o) { o.replay_begin(e_); });
+  }
+  ~ReplayNotice() {
+    notify([&](Observer& o) { o.replay_end(e_); });
+  }
+  ReplayNotice(const ReplayNotice&) = delete;
+  ReplayNotice& operator=(const ReplayNotice&) = delete;
+
+ private:
+  ReplayEvent e_;
+};
+
+}  // namespace detail
+
+inline Observer::Observer() { detail::observers().list.push_back(this); }
+inline Observer::~Observer() {
+  auto& list = detail::observers().list;
+  // Destroyed out of order (a misuse the guide forbids) still leaves no dangling entry.
+  for (auto it = list.end(); it != list.begin();)
+    if (*--it == this) {
+      list.erase(it);
+      break;
+    }
+}
+
+}  // namespace remat

@@ -1,0 +1,116 @@
+#pragma once
+// The shared shape of broadcast binary ops: z = f(a, b) under numpy broadcasting, one node whose
+// backward applies each operand's partial derivative to dz and sums the result down to that
+// operand's shape (the reverse of its broadcast).
+
+#include <array>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "remat/core/produce.hpp"
+#include "remat/core/tensor.hpp"
+#include "remat/ops/detail/broadcast.hpp"
+
+namespace remat::detail {
+
+/// Which of a, b and z a partial derivative reads (a mask): the forward saves only what the
+/// partials of the operands that need a gradient read.
+inline constexpr unsigned reads_a = 1, reads_b = 2, reads_z = 4;
+
+/// What a partial derivative sees in backward: the tensors it reads; the others are undefined.
+template <class T>
+struct BinaryOperands {
+  BasicTensor<T> a, b, z;
+};
+
+/// ∂z/∂x = Sign (±1), so dx is dz summed to x's shape. The sign goes on after the sum: there it
+/// touches x's elements rather than z's, and zeros keep their bits (negated first, +0 and -0 would
+/// sum to +0, where the negated sum is -0).
+template <int Sign>
+struct UnitPartial {
+  static constexpr unsigned reads = 0;
+};
+inline constexpr UnitPartial<1> partial_one{};
+inline constexpr UnitPartial<-1> partial_minus_one{};
+
+/// ∂z/∂x as a rule: rule(dz, BinaryOperands) gives x's gradient at z's shape, which is then summed
+/// to x's shape. `Reads` names what the rule reads.
+template <unsigned Reads, class Rule>
+struct RulePartial {
+  static constexpr unsigned reads = Reads;
+  Rule rule;
+};
+
+template <unsigned Reads, class Rule>
+RulePartial<Reads, Rule> partial(Rule rule) {
+  return {std::move(rule)};
+}
+
+template <class T, int Sign>
+void accumulate_partial(BackwardContext<T>& ctx, std::size_t i, UnitPartial<Sign>, const BasicTensor<T>& dz,
+                        const BinaryOperands<T>&, const Shape& shape) {
+  if constexpr (Sign > 0) {
+    ctx.accumulate(i, sum_to(dz, shape));
+  } else {
+    BasicTensor<T> g = copy_of(sum_to(dz, shape));  // sum_to may hand back dz itself
+    flat(g) = -flat(g);
+    ctx.accumulate(i, std::move(g));
+  }
+}
+
+template <class T, unsigned Reads, class Rule>
+void accumulate_partial(BackwardContext<T>& ctx, std::size_t i, const RulePartial<Reads, Rule>& p,
+                        const BasicTensor<T>& dz, const BinaryOperands<T>& v, const Shape& shape) {
+  // One expression, so the rule's result outlives the call: when sum_to hands it back unchanged,
+  // accumulate copies it instead of adopting it, and the memory books see what they always saw.
+  ctx.accumulate(i, sum_to(p.rule(dz, v), shape));
+}
+
+/// z = forward(a, b) with broadcasting; da and db through the partials `grad_a` and `grad_b`
+/// (partial_one, partial_minus_one, or partial<reads>(rule)). Saves what those partials read, each
+/// tensor once, in the order they first read it. Broadcast errors name the op.
+template <class T, class Forward, class GradA, class GradB>
+BasicTensor<T> binary_op(OpId op, const BasicTensor<T>& a, const BasicTensor<T>& b, Forward forward, GradA grad_a,
+                         GradB grad_b) {
+  const Shape shape = broadcast_shape(a.shape(), b.shape(), op.name());
+  BasicTensor<T> z = produce<T>(op, shape, static_cast<double>(shape.numel()), {a, b},
+                                [=] { return broadcast_apply(a, b, op.name(), forward); });
+  if (!grad_needed(a, b)) return z;
+  const std::array<const BasicTensor<T>*, 3> operands{&a, &b, &z};
+  std::array<std::size_t, 3> slot{};  // where each saved one of a, b, z sits in `saved`
+  std::vector<SavedTensor> saved;
+  unsigned held = 0;
+  const auto save = [&](unsigned reads) {
+    for (std::size_t k = 0; k < operands.size(); ++k)
+      if (((reads & ~held) >> k) & 1u) {
+        slot[k] = saved.size();
+        saved.emplace_back(*operands[k]);
+        held |= 1u << k;
+      }
+  };
+  if (a.requires_grad()) save(GradA::reads);
+  if (b.requires_grad()) save(GradB::reads);
+  record<T>(op, {a, b}, {&z}, std::move(saved),
+            [slot, sa = a.shape(), sb = b.shape(), grad_a, grad_b](BackwardContext<T>& ctx) {
+              const BasicTensor<T>& dz = ctx.grad_output();
+              BinaryOperands<T> v;
+              const std::array<BasicTensor<T>*, 3> operand{&v.a, &v.b, &v.z};
+              // Each saved tensor is checked (in-place writes) as it is first read, not before.
+              const auto load = [&](unsigned reads) {
+                for (std::size_t k = 0; k < operand.size(); ++k)
+                  if (((reads >> k) & 1u) && !operand[k]->defined()) *operand[k] = ctx.saved(slot[k]);
+              };
+              if (ctx.needs_grad(0)) {
+                load(GradA::reads);
+                accumulate_partial(ctx, 0, grad_a, dz, v, sa);
+              }
+              if (ctx.needs_grad(1)) {
+                load(GradB::reads);
+                accumulate_partial(ctx, 1, grad_b, dz, v, sb);
+              }
+            });
+  return z;
+}
+
+}  // namespace remat::detail
