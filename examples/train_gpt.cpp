@@ -29,7 +29,7 @@
 //
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
-// under that schedule (see remat/checkpoint/schedule.hpp) and print its plan first.
+// under that schedule (see remat/schedule/schedule.hpp) and print its plan first.
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.

@@ -2,7 +2,7 @@
 
 #include <optional>
 
-#include <remat/checkpoint/memory_budget.hpp>
+#include <remat/checkpoint/runtime_budget.hpp>
 
 using namespace remat;
 

@@ -20,7 +20,7 @@ struct Heard {
 /// Every event, in order, as text.
 struct Recorder : Observer, Heard {
 
-  void op(const OpOutput& out, const std::vector<detail::TensorRef>&) override {
+  void op(const OpOutput& out, const OpValues&) override {
     if (open_replays > 0) replays.back().push_back(out.op.name());
     else if (backward_begins == 0) forward.push_back(out.op.name());
   }
@@ -100,7 +100,7 @@ TEST_CASE("observer: an op built from other ops is one op; nothing is heard afte
     struct Ops : Observer {
       std::vector<std::string>& out;
       explicit Ops(std::vector<std::string>& o) : out(o) {}
-      void op(const OpOutput& o, const std::vector<detail::TensorRef>&) override { out.push_back(o.op.name()); }
+      void op(const OpOutput& o, const OpValues&) override { out.push_back(o.op.name()); }
     } listener(ops);
     Tensor y = gelu(x);  // one op, whatever it computes with
     sum(y).backward();

@@ -4,7 +4,9 @@
 #   nn          includes core, ops and nn (models carry no memory policy: no checkpoint/)
 #   optim       includes core, nn and optim
 #   io          includes core, nn, optim (a training state holds the optimizer's) and io
-#   checkpoint  includes core, ops and checkpoint
+#   schedule    includes core and schedule (the pure planners: plans, action streams, costs; no
+#               tensors run through them, so they stand on core alone and never include checkpoint/)
+#   checkpoint  includes core, ops, schedule and checkpoint (the executors run the planners' streams)
 #   dist        includes core, nn, optim and dist (and MPI: not in remat.hpp, which needs no MPI)
 #   testing     may include any layer; remat.hpp includes everything
 # and no header reaches itself through its includes (no cycles).
@@ -23,10 +25,11 @@ set(allowed_ops core ops)
 set(allowed_nn core ops nn)
 set(allowed_optim core nn optim)
 set(allowed_io core nn optim io)
-set(allowed_checkpoint core ops checkpoint)
+set(allowed_schedule core schedule)
+set(allowed_checkpoint core ops schedule checkpoint)
 set(allowed_dist core nn optim dist)
-set(allowed_testing core ops nn optim io checkpoint testing)
-set(allowed_umbrella core ops nn optim io checkpoint testing)
+set(allowed_testing core ops nn optim io schedule checkpoint testing)
+set(allowed_umbrella core ops nn optim io schedule checkpoint testing)
 
 file(GLOB_RECURSE headers RELATIVE "${ROOT}/include" "${ROOT}/include/remat/*.hpp")
 list(SORT headers)

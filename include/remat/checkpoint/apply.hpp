@@ -14,10 +14,10 @@
 #include <string_view>
 #include <vector>
 
-#include "remat/checkpoint/budget.hpp"
 #include "remat/checkpoint/chain.hpp"
 #include "remat/checkpoint/checkpoint.hpp"
-#include "remat/checkpoint/schedule.hpp"
+#include "remat/schedule/budget.hpp"
+#include "remat/schedule/schedule.hpp"
 
 namespace remat {
 

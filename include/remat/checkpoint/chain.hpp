@@ -12,12 +12,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "remat/checkpoint/budget.hpp"
 #include "remat/checkpoint/compact_records.hpp"
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
-#include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
 #include "remat/checkpoint/snapshot.hpp"
 #include "remat/checkpoint/step_log.hpp"
@@ -28,6 +26,8 @@
 #include "remat/core/op_output.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/core/random.hpp"
+#include "remat/schedule/budget.hpp"
+#include "remat/schedule/schedule.hpp"
 
 namespace remat {
 
@@ -106,7 +106,7 @@ std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
   detail::DrawnGenerators others;  // put back too: measuring must not move the user's generators
   detail::RecordDraws draws(others);
   // The executor holds steps recorded in forward compactly under the same modes (ChainRun).
-  const bool compact = detail::checkpoint_early_stop_flag() && !detail::checkpoint_checking_flag();
+  const bool compact = detail::ReplayModes::compose().early_stop;
   Tensor h = x.detach();
   for (std::size_t i = 0; i < steps.size(); ++i) {
     Tape scratch;
@@ -158,10 +158,9 @@ class ChainSteps : public Runs<ChainStep> {
 
 struct ChainRun {
   /// A run named `name` starting from x, with the thread's checking, early-stop and debug modes.
-  ChainRun(std::string run_name, const Tensor& x)
-      : name(std::move(run_name)), check_values(checkpoint_checking_flag()),
-        early_stop(checkpoint_early_stop_flag() && !check_values), debug(checkpoint_debug_flag()),
-        compact(early_stop), current(x.detach()), input_shape(x.shape()) {
+  ChainRun(std::string run_name, const Tensor& x, ReplayModes modes = ReplayModes::compose())
+      : name(std::move(run_name)), check_values(modes.check_values), early_stop(modes.early_stop),
+        debug(modes.debug), compact(early_stop), current(x.detach()), input_shape(x.shape()) {
     if (x.requires_grad()) input_meta = x.meta();
   }
 
@@ -428,8 +427,9 @@ struct ChainRun {
     Tensor input;
     if (held.input) {
       if (static_cast<std::uint32_t>(held.input->storage->version()) != held.input->version)
-        throw CheckpointError(fmt::format("{}: x_{} (shape {}), which step {} saved for backward, was modified in place "
-                                          "after it was saved; its gradient would be wrong", name, i, shape, i));
+        throw CheckpointError(modified_in_place(name, fmt::format("x_{} (shape {}), which step {}", i, shape, i),
+                                                static_cast<std::uint32_t>(held.input->storage->version()),
+                                                held.input->version));
       input = Tensor(held.input->storage, shape);
     } else {
       input = unread_tensor<float>(shape);  // its backward reads nothing of it

@@ -66,11 +66,18 @@ struct ArgumentSlot {
   std::ptrdiff_t input = -1;
 };
 
-/// Everything a segment's backward needs besides its saved tensors.
-template <class Fn, class... Args>
+/// Everything a segment's backward needs besides its saved tensors, and the segment's parts in the
+/// order they run: its forward (run_forward), its boundary (take_boundary), its outputs
+/// (note_outputs), and in backward its replay (replay) checked against the forward (verify).
+template <class R, class Fn, class... Args>
 struct Segment {
   Segment(Fn f, std::tuple<std::decay_t<Args>...> a, CheckpointOptions o)
-      : fn(std::move(f)), args(std::move(a)), options(std::move(o)) {}
+      : fn(std::move(f)), args(std::move(a)), options(std::move(o)) {
+    const ReplayModes modes = ReplayModes::compose(options.check_values, options.early_stop, options.debug);
+    check_values = modes.check_values;
+    early_stop = modes.early_stop;
+    debug = modes.debug;
+  }
 
   Fn fn;
   std::tuple<std::decay_t<Args>...> args;  // with the tensors inside cleared: the node saves those
@@ -89,6 +96,70 @@ struct Segment {
   SegmentReads reads;
   std::vector<TracedOp> trace;           // the forward's ops, under debug
 
+  std::string who() const { return fmt::format("checkpoint '{}'", options.name); }
+
+  /// Runs fn with recording off (requires_grad still flows), noting the generators it draws from,
+  /// what it reads from outside, and the outputs selective saving keeps (into `kept`). The trace and
+  /// the reads observer are installed first, so they see every op output before the selective
+  /// handler, which passes none outward.
+  R run_forward(const Args&... call_args, std::vector<SavedTensor>& kept) {
+    rng = default_generator().state();
+    auto not_recording = scoped_recording(false);
+    RecordDraws draws(other_rng);
+    SelectiveHook hook(options.save ? SelectiveHook::Mode::stash : SelectiveHook::Mode::off, options.save, kept_ops,
+                       kept, options.name);
+    SegmentReadsObserver observer(reads);
+    std::optional<OpTrace> tracer;
+    if (debug) tracer.emplace(trace);
+    return R(std::invoke(fn, call_args...));
+  }
+
+  /// The boundary: every tensor among the arguments is saved (into `saved`); float ones that need a
+  /// gradient are also the node's inputs. The stored copies of the arguments are cleared, since
+  /// the node keeps their tensors.
+  void take_boundary(const Args&... call_args, std::vector<SavedTensor>& saved, std::vector<Tensor>& inputs) {
+    auto add_argument = [&](const auto& t) {
+      ArgumentSlot slot;
+      if (t.defined()) {
+        slot.saved = static_cast<std::ptrdiff_t>(saved.size());
+        saved.emplace_back(t);
+        if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
+          if (t.requires_grad()) {
+            slot.input = static_cast<std::ptrdiff_t>(inputs.size());
+            inputs.push_back(t);
+          }
+        }
+      }
+      arg_slots.push_back(slot);
+    };
+    (for_each_tensor(call_args, add_argument), ...);
+    std::apply([](auto&... a) { (for_each_tensor(a, [](auto& t) { t = std::decay_t<decltype(t)>(); }), ...); }, args);
+  }
+
+  /// Notes what the forward returned (shapes, types, hashes under check_values) and returns the
+  /// tensors that become the node's outputs: those that require grad, given fresh handles.
+  std::vector<Tensor*> note_outputs(R& result) {
+    std::vector<Tensor*> out;
+    for_each_tensor(result, [&](auto& t) {
+      SegmentOutput o;
+      o.defined = t.defined();
+      if (o.defined) {
+        o.shape = t.shape();
+        o.dtype = t.dtype();
+        if (check_values) o.hash = fingerprint(t);
+        if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
+          if (t.requires_grad()) {
+            node_outputs.push_back(outputs.size());
+            out.push_back(&t);
+          }
+        }
+      }
+      outputs.push_back(std::move(o));
+    });
+    for (Tensor* o : out) *o = o->detach();  // fresh handles: never an input's autograd metadata
+    return out;
+  }
+
   /// The arguments for a replay: stored values, tensors refilled from the node (a float tensor
   /// that needs a gradient under its input's autograd identity, so its gradient arrives there).
   std::tuple<std::decay_t<Args>...> replay_args(const BackwardContext<float>& ctx) const {
@@ -97,6 +168,85 @@ struct Segment {
     std::apply([&](auto&... a) { (for_each_tensor(a, [&](auto& t) { refill(t, ctx, arg_slots[next++]); }), ...); },
                out);
     return out;
+  }
+
+  /// Runs fn again as a replay, recorded on `run`: the generators at their forward states, kept
+  /// outputs handed back by position, ops past the last one backward reads skipped (early stop).
+  R replay(RecordedRun& run, const BackwardContext<float>& ctx, std::vector<TracedOp>& replay_trace) {
+    std::vector<SavedTensor> kept_outputs;
+    for (std::size_t j = 0; j < kept; ++j) kept_outputs.emplace_back(ctx.saved(kept_first + j));
+    std::optional<R> replayed;
+    run.record([&] {
+      TimelineSpan span("replay", [&] { return "replay " + options.name; });
+      ReplayNotice notice({"checkpoint", options.name.c_str()});
+      as_replay(rng, &other_rng, [&] {
+        SelectiveHook hook(SelectiveHook::Mode::reuse, options.save, kept_ops, kept_outputs, options.name);
+        ReplaySkipper skipper(reads.last_needed, early_stop);
+        std::optional<OpTrace> tracer;
+        if (debug) tracer.emplace(replay_trace);
+        auto call_args = replay_args(ctx);
+        replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(fn, a...)); }, call_args));
+        hook.check_all_used();
+      });
+    });
+    return std::move(*replayed);
+  }
+
+  /// Checks the replay's result against the forward's (count, shapes and types; values under
+  /// check_values) and returns its node outputs, in the forward's order.
+  std::vector<Tensor*> verify(R& replayed) const {
+    const std::string name = who();
+    std::size_t i = 0;
+    std::vector<Tensor*> all;
+    for_each_tensor(replayed, [&](auto& t) {
+      if (i >= outputs.size())
+        throw CheckpointError(fmt::format("{}: the replay returned more tensors than the forward's {}", name,
+                                          outputs.size()));
+      const SegmentOutput& o = outputs[i];
+      const bool same = t.defined() == o.defined && (!o.defined || (t.shape() == o.shape && std::strcmp(t.dtype(), o.dtype) == 0));
+      if (!same)
+        throw CheckpointError(fmt::format(
+            "{}: replay produced output {} as {}, but the forward produced {}; the segment must compute the same "
+            "thing when replayed (no dependence on state it changes)", name, i,
+            t.defined() ? fmt::format("shape {} ({})", t.shape(), t.dtype()) : std::string("undefined"),
+            o.defined ? fmt::format("shape {} ({})", o.shape, o.dtype) : std::string("undefined")));
+      if (check_values && o.defined && fingerprint(t) != o.hash)
+        throw CheckpointError(fmt::format(
+            "{}: replay produced different values for output {} (shape {}) than the forward did; the segment "
+            "depends on state that changed between forward and backward", name, i, o.shape));
+      if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) all.push_back(&t);
+      else all.push_back(nullptr);
+      ++i;
+    });
+    if (i != outputs.size())
+      throw CheckpointError(fmt::format("{}: the replay returned {} tensors, the forward {}", name, i, outputs.size()));
+    std::vector<Tensor*> outs;
+    for (std::size_t k : node_outputs) outs.push_back(all[k]);
+    return outs;
+  }
+
+  /// The node's backward: replay, verify, then backpropagate the replay's tape from the node's
+  /// output gradients (its activations live on the run's tape and die with it).
+  void backward(BackwardContext<float>& ctx) {
+    reads.check_versions(who());
+    RecordedRun run;
+    std::vector<TracedOp> replay_trace;
+    std::optional<R> replayed;
+    std::vector<Tensor*> outs;
+    try {
+      replayed.emplace(replay(run, ctx, replay_trace));
+      outs = verify(*replayed);
+    } catch (const CheckpointError& e) {
+      if (!debug) throw;
+      throw CheckpointError(fmt::format("{}\n  {}", e.what(), trace_difference(trace, replay_trace)));
+    }
+    std::vector<Tensor> grads;
+    for (std::size_t j = 0; j < outs.size(); ++j) {
+      // An output that reached no loss seeds nothing: what only it depends on gets no gradient
+      // (not a zero one), as without checkpointing.
+      grads.push_back(outs[j]->requires_grad() && ctx.has_grad_output(j) ? ctx.grad_output(j) : Tensor());
+    }
+    run.backward(outs, grads);
   }
 
  private:
@@ -122,53 +272,17 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   using R = std::decay_t<std::invoke_result_t<F&, const Args&...>>;
   using Fn = std::conditional_t<std::is_lvalue_reference_v<F>, std::reference_wrapper<std::remove_reference_t<F>>,
                                 std::decay_t<F>>;
-  using Seg = detail::Segment<Fn, Args...>;
-  detail::AutogradState& state = detail::autograd_state();
-  if (!state.grad_enabled) return R(std::invoke(fn, args...));  // nothing to save for
+  using Seg = detail::Segment<R, Fn, Args...>;
+  if (!is_grad_enabled()) return R(std::invoke(fn, args...));  // nothing to save for
 
-  const bool recording = state.recording;  // false inside an enclosing segment's forward
+  const bool recording = detail::autograd_state().recording;  // false inside an enclosing segment's forward
   auto segment = std::make_shared<Seg>(Fn(std::forward<F>(fn)), std::tuple<std::decay_t<Args>...>(args...),
                                        std::move(options));
   Seg& seg = *segment;
-  seg.rng = default_generator().state();
-  seg.check_values = seg.options.check_values || detail::checkpoint_checking_flag();
-  seg.early_stop = seg.options.early_stop && detail::checkpoint_early_stop_flag() && !seg.check_values;
-  seg.debug = seg.options.debug || detail::checkpoint_debug_flag();
-  std::vector<detail::SavedTensor> kept;
-  R result = [&] {
-    auto not_recording = detail::scoped_recording(false);
-    detail::RecordDraws draws(seg.other_rng);
-    // Innermost last: the trace and the observer see every op output before the selective
-    // handler, which passes none outward.
-    detail::SelectiveHook hook(seg.options.save ? detail::SelectiveHook::Mode::stash : detail::SelectiveHook::Mode::off,
-                               seg.options.save, seg.kept_ops, kept, seg.options.name);
-    detail::SegmentReadsObserver observer(seg.reads);
-    std::optional<detail::OpTrace> trace;
-    if (seg.debug) trace.emplace(seg.trace);
-    return R(std::invoke(seg.fn, args...));
-  }();
-
-  // The boundary: every tensor among the arguments is saved; float ones that need a gradient are
-  // also the node's inputs.
-  std::vector<detail::SavedTensor> saved;
+  std::vector<detail::SavedTensor> kept, saved;
   std::vector<Tensor> inputs;
-  auto add_argument = [&](const auto& t) {
-    detail::ArgumentSlot slot;
-    if (t.defined()) {
-      slot.saved = static_cast<std::ptrdiff_t>(saved.size());
-      saved.emplace_back(t);
-      if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
-        if (t.requires_grad()) {
-          slot.input = static_cast<std::ptrdiff_t>(inputs.size());
-          inputs.push_back(t);
-        }
-      }
-    }
-    seg.arg_slots.push_back(slot);
-  };
-  (detail::for_each_tensor(args, add_argument), ...);
-  std::apply([](auto&... a) { (detail::for_each_tensor(a, [](auto& t) { t = std::decay_t<decltype(t)>(); }), ...); },
-             seg.args);
+  R result = seg.run_forward(args..., kept);
+  seg.take_boundary(args..., saved, inputs);
   seg.kept_first = saved.size();
   seg.kept = kept.size();
   saved.insert(saved.end(), kept.begin(), kept.end());
@@ -178,91 +292,11 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     detail::report_saved_for_backward(saved);
     return result;
   }
-
-  std::vector<Tensor*> node_outputs;
-  detail::for_each_tensor(result, [&](auto& t) {
-    detail::SegmentOutput o;
-    o.defined = t.defined();
-    if (o.defined) {
-      o.shape = t.shape();
-      o.dtype = t.dtype();
-      if (seg.check_values) o.hash = detail::fingerprint(t);
-      if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
-        if (t.requires_grad()) {
-          seg.node_outputs.push_back(seg.outputs.size());
-          node_outputs.push_back(&t);
-        }
-      }
-    }
-    seg.outputs.push_back(std::move(o));
-  });
+  std::vector<Tensor*> node_outputs = seg.note_outputs(result);
   if (node_outputs.empty()) return result;  // nothing inside needs a gradient: nothing to replay
-  for (Tensor* o : node_outputs) *o = o->detach();  // fresh handles: never an input's autograd metadata
-
   const std::string name = seg.options.name;
-  detail::record<float>(name, inputs, node_outputs, std::move(saved), [segment](detail::BackwardContext<float>& ctx) {
-    Seg& seg = *segment;
-    const std::string who = fmt::format("checkpoint '{}'", seg.options.name);
-    seg.reads.check_versions(who);
-    std::vector<detail::SavedTensor> kept_outputs;
-    for (std::size_t j = 0; j < seg.kept; ++j) kept_outputs.emplace_back(ctx.saved(seg.kept_first + j));
-
-    detail::RecordedRun run;  // the replayed activations live on its tape and die with it
-    std::optional<R> replayed;
-    std::vector<detail::TracedOp> replay_trace;
-    std::vector<Tensor*> outs;
-    try {
-      run.record([&] {
-        detail::TimelineSpan span("replay", [&] { return "replay " + seg.options.name; });
-        detail::ReplayNotice notice({"checkpoint", seg.options.name.c_str()});
-        detail::as_replay(seg.rng, &seg.other_rng, [&] {
-          detail::SelectiveHook hook(detail::SelectiveHook::Mode::reuse, seg.options.save, seg.kept_ops, kept_outputs,
-                                     seg.options.name);
-          detail::ReplaySkipper skipper(seg.reads.last_needed, seg.early_stop);
-          std::optional<detail::OpTrace> trace;
-          if (seg.debug) trace.emplace(replay_trace);
-          auto call_args = seg.replay_args(ctx);
-          replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(seg.fn, a...)); }, call_args));
-          hook.check_all_used();
-        });
-      });
-      std::size_t i = 0;
-      std::vector<Tensor*> all;
-      detail::for_each_tensor(*replayed, [&](auto& t) {
-        if (i >= seg.outputs.size())
-          throw CheckpointError(fmt::format("{}: the replay returned more tensors than the forward's {}", who,
-                                            seg.outputs.size()));
-        const detail::SegmentOutput& o = seg.outputs[i];
-        const bool same = t.defined() == o.defined && (!o.defined || (t.shape() == o.shape && std::strcmp(t.dtype(), o.dtype) == 0));
-        if (!same)
-          throw CheckpointError(fmt::format(
-              "{}: replay produced output {} as {}, but the forward produced {}; the segment must compute the same "
-              "thing when replayed (no dependence on state it changes)", who, i,
-              t.defined() ? fmt::format("shape {} ({})", t.shape(), t.dtype()) : std::string("undefined"),
-              o.defined ? fmt::format("shape {} ({})", o.shape, o.dtype) : std::string("undefined")));
-        if (seg.check_values && o.defined && detail::fingerprint(t) != o.hash)
-          throw CheckpointError(fmt::format(
-              "{}: replay produced different values for output {} (shape {}) than the forward did; the segment "
-              "depends on state that changed between forward and backward", who, i, o.shape));
-        if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) all.push_back(&t);
-        else all.push_back(nullptr);
-        ++i;
-      });
-      if (i != seg.outputs.size())
-        throw CheckpointError(fmt::format("{}: the replay returned {} tensors, the forward {}", who, i, seg.outputs.size()));
-      for (std::size_t k : seg.node_outputs) outs.push_back(all[k]);
-    } catch (const CheckpointError& e) {
-      if (!seg.debug) throw;
-      throw CheckpointError(fmt::format("{}\n  {}", e.what(), detail::trace_difference(seg.trace, replay_trace)));
-    }
-    std::vector<Tensor> grads;
-    for (std::size_t j = 0; j < outs.size(); ++j) {
-      // An output that reached no loss seeds nothing: what only it depends on gets no gradient
-      // (not a zero one), as without checkpointing.
-      grads.push_back(outs[j]->requires_grad() && ctx.has_grad_output(j) ? ctx.grad_output(j) : Tensor());
-    }
-    run.backward(outs, grads);
-  });
+  detail::record<float>(name, inputs, node_outputs, std::move(saved),
+                        [segment](detail::BackwardContext<float>& ctx) { segment->backward(ctx); });
   return result;
 }
 

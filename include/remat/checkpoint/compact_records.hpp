@@ -219,9 +219,8 @@ class CompactRebuilder final : public OpOutputHook {
       const std::size_t k = refs.size();
       if (k >= out.count) break;
       if (static_cast<std::uint32_t>(s.version()) != next_->version)
-        throw CheckpointError(fmt::format("{}: a tensor of {} bytes that '{}' saved for backward was modified in place "
-                                          "after it was saved; its gradient would be wrong",
-                                          who_, s.bytes(), out.op.name()));
+        throw CheckpointError(modified_in_place(who_, fmt::format("a tensor of {} bytes that '{}'", s.bytes(), out.op.name()),
+                                                static_cast<std::uint32_t>(s.version()), next_->version));
       refs.push_back({next_->storage, out.shapes ? out.shapes[k] : out.shape,
                       out.dtypes ? out.dtypes[k] : (k == 0 ? out.dtype : nullptr)});
       bytes += s.bytes();

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "remat/checkpoint/chain.hpp"
-#include "remat/checkpoint/schedule.hpp"
+#include "remat/schedule/schedule.hpp"
 
 namespace remat {
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "remat/checkpoint/early_stop.hpp"
 #include "remat/core/autograd.hpp"
 #include "remat/core/hash.hpp"
 #include "remat/core/random.hpp"
@@ -39,6 +40,23 @@ inline bool& checkpoint_debug_flag() {
   thread_local bool on = false;
   return on;
 }
+
+/// The modes a replayed computation (a checkpoint's segment, a chain's steps) runs under, composed
+/// by one rule from the thread's scopes (CheckpointChecking, CheckpointEarlyStop, CheckpointDebug)
+/// and its own options: checking values needs every output computed, so it turns early stop off.
+struct ReplayModes {
+  bool check_values = false;
+  bool early_stop = true;
+  bool debug = false;
+
+  static ReplayModes compose(bool check_values = false, bool early_stop = true, bool debug = false) {
+    ReplayModes m;
+    m.check_values = check_values || checkpoint_checking_flag();
+    m.early_stop = early_stop && checkpoint_early_stop_flag() && !m.check_values;
+    m.debug = debug || checkpoint_debug_flag();
+    return m;
+  }
+};
 
 /// FNV-1a over the bytes: kernels are deterministic on the CPU, so a faithful replay reproduces
 /// every bit and any drift changes the hash.

@@ -54,10 +54,9 @@ struct SegmentReads {
   void check_versions(const std::string& who) const {
     for (const Outside& o : outside) {
       const std::shared_ptr<Storage> s = o.storage.lock();
-      REMAT_CHECK(!s || s->version() == o.version,
-                  "{}: a tensor of shape {} saved for backward was modified in place after it was saved "
-                  "(version {} now, {} when saved); its gradient would be wrong (the segment reads it, e.g. a "
-                  "parameter updated before backward)", who, o.shape, s ? s->version() : 0, o.version);
+      if (s && s->version() != o.version)
+        throw Error(modified_in_place(who, fmt::format("a tensor of shape {}", o.shape), s->version(), o.version,
+                                      "(the segment reads it, e.g. a parameter updated before backward)"));
     }
   }
 };

@@ -1,7 +1,7 @@
 #pragma once
 // policy::two_tier: snapshots in two tiers — a few slots in memory, more in files on disk, where
 // writing and reading a snapshot costs time (given relative to one step's compute) — scheduled for
-// the least predicted time by the dynamic program of two_level.hpp.
+// the least predicted time by the dynamic program of schedule/two_level.hpp.
 
 #include <algorithm>
 #include <cstdint>
@@ -10,9 +10,9 @@
 #include <mutex>
 #include <string>
 
-#include "remat/checkpoint/schedule.hpp"
 #include "remat/checkpoint/snapshot.hpp"
-#include "remat/checkpoint/two_level.hpp"
+#include "remat/schedule/schedule.hpp"
+#include "remat/schedule/two_level.hpp"
 
 namespace remat {
 namespace detail {
@@ -39,10 +39,10 @@ namespace policy {
 /// Checkpointing over `ram_slots` snapshots in memory and up to `disk_slots` in files under
 /// `directory` (which must exist), each written and read at the given costs (relative to one
 /// step): the schedule of least predicted time, advances + write·writes + read·reads, by the
-/// dynamic program of two_level.hpp — exact up to its tables' length, and past it the better of
-/// the grouped tables and the binomial-with-disk family (the plan's note says which). The plan's
-/// table marks the snapshots that go to disk. A relative directory is taken against the working
-/// directory when the policy is made: a chdir later changes nothing.
+/// dynamic program of schedule/two_level.hpp — exact up to its tables' length, and past it the
+/// better of the grouped tables and the binomial-with-disk family (the plan's note says which).
+/// The plan's table marks the snapshots that go to disk. A relative directory is taken against
+/// the working directory when the policy is made: a chdir later changes nothing.
 inline Policy two_tier(std::int64_t ram_slots, std::int64_t disk_slots, std::string directory, TierCosts costs = {}) {
   REMAT_CHECK(ram_slots >= 0 && disk_slots >= 0 && ram_slots + disk_slots >= 1,
               "policy::two_tier: needs at least one snapshot slot (memory or disk), got {} in memory and {} on disk",

@@ -13,7 +13,9 @@
 
 #include "remat/core/error.hpp"
 #include "remat/core/node.hpp"
+#include "remat/core/observer.hpp"
 #include "remat/core/op_output.hpp"
+#include "remat/core/saved_tensor_hooks.hpp"
 #include "remat/core/scoped.hpp"
 #include "remat/core/tape.hpp"
 #include "remat/core/tensor.hpp"
@@ -43,8 +45,34 @@ bool grad_needed(const BasicTensor<T>& x, const Rest&... rest) {
   return x.requires_grad() || (rest.requires_grad() || ...);
 }
 
+/// Runs f() outside any graph: no grad, no op-output handler, no observer, no saved-tensor hooks.
+/// Saved-tensor hooks run so: the ops they call are not the model's.
+template <class F>
+decltype(auto) outside_graph(F&& f) {
+  ScopedValue<bool> no_grad(autograd_state().grad_enabled, false);
+  OpOutputHook::Suspended no_handlers;
+  QuietObservers no_observers;
+  SavedTensorHooksStack& hooks = saved_tensor_hooks();
+  ScopedValue<int> no_hooks(hooks.disabled, hooks.disabled + 1);
+  return std::forward<F>(f)();
+}
+
+/// Hands each tensor in `saved` to the thread's innermost saved-tensor hooks, if any are in force.
+inline void pack_saved(std::vector<SavedTensor>& saved) {
+  const auto* active = saved_tensor_hooks().active();
+  if (!active) return;
+  const std::shared_ptr<const SavedTensorHooks::Pair> pair = *active;
+  for (SavedTensor& s : saved) {
+    if (!s.storage()) continue;
+    const AnyTensor t(TensorRef{s.shared_storage(), s.shape(), s.dtype()});
+    std::any packed = outside_graph([&] { return pair->pack(t); });
+    s.pack(std::move(packed), [pair](const std::any& p) { return outside_graph([&] { return pair->unpack(p); }); });
+  }
+}
+
 /// Makes `outputs` require grad and, unless recording is suspended, puts one node on the current
-/// tape. Call it only when grad_needed(inputs...) holds.
+/// tape (its saved tensors packed by the saved-tensor hooks in force). Call it only when
+/// grad_needed(inputs...) holds.
 template <class T>
 void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
             const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn) {
@@ -56,6 +84,7 @@ void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
   }
   report_saved_for_backward(saved);
   if (!state.recording) return;
+  pack_saved(saved);
   const std::uint64_t id = state.next_node_id++;
   for (BasicTensor<T>* y : outputs) y->meta()->node_id = id;
   state.tapes.back()->push(

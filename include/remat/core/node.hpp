@@ -60,7 +60,7 @@ class Node {
   }
 
   void release_saved(std::size_t i) {
-    if (saved_[i].storage() != nullptr) saved_[i].release();
+    if (saved_[i].held()) saved_[i].release();
   }
 
   void release() {

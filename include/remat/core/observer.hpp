@@ -21,6 +21,10 @@ namespace remat {
 
 struct OpOutput;
 
+/// An op's output tensors as observers see them: type-erased references (AnyTensor(values[i])
+/// wraps one; AnyTensor::as<float>() gives the tensor).
+using OpValues = std::vector<detail::TensorRef>;
+
 /// What happened in a replay event: checkpoint() replaying a segment, or a chain replaying a step.
 struct ReplayEvent {
   const char* kind;          ///< "checkpoint" or "chain"
@@ -40,7 +44,7 @@ class Observer {
 
   /// An op made its outputs: computed, handed over by a handler, or skipped by early stop (then
   /// `values` are storage nobody reads).
-  virtual void op(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
+  virtual void op(const OpOutput& out, const OpValues& values) {
     (void)out, (void)values;
   }
   /// A node was recorded (or would be, in a checkpointed forward) that keeps `saved` for its backward.

@@ -23,6 +23,7 @@ struct SavedTensorInfo {
   bool shared;        ///< its storage is also saved by an entry listed earlier (not counted again)
   bool discarded = false;    ///< a memory budget discarded its bytes; backward recomputes them
   double rebuild_flops = 0;  ///< what recomputing it would cost (when discarded)
+  bool packed = false;       ///< saved-tensor hooks hold it (bytes: its size when packed; not counted)
 };
 
 /// What the tape holds for backward right now, one entry per saved tensor.
@@ -31,15 +32,18 @@ struct SavedTensorReport {
   std::vector<SavedTensorInfo> entries;
   std::size_t total_bytes = 0;  ///< unique resident storages only: what the tape actually keeps alive
   std::size_t discarded_bytes = 0;  ///< unique storages a memory budget discarded (recomputed on use)
+  std::size_t packed_bytes = 0;  ///< tensors saved-tensor hooks hold, at their size when packed
 
   /// A table: op, shape, dtype and bytes per entry, then the totals.
   std::string str() const {
     std::string out = fmt::format("{:<24} {:<22} {:<8} {:>12}\n", "op", "shape", "dtype", "bytes");
     for (const SavedTensorInfo& e : entries)
       out += fmt::format("{:<24} {:<22} {:<8} {:>12}{}{}\n", e.op, e.shape, e.dtype, e.bytes, e.shared ? " (shared)" : "",
-                         e.discarded ? fmt::format(" (discarded; rebuild {:.3g} flop)", e.rebuild_flops) : "");
+                         e.discarded ? fmt::format(" (discarded; rebuild {:.3g} flop)", e.rebuild_flops)
+                         : e.packed ? std::string(" (packed by saved-tensor hooks)") : std::string());
     out += fmt::format("{} saved tensors, {} bytes held for backward", entries.size(), total_bytes);
     if (discarded_bytes) out += fmt::format(", {} bytes discarded (recomputed when backward reads them)", discarded_bytes);
+    if (packed_bytes) out += fmt::format(", {} bytes packed by saved-tensor hooks", packed_bytes);
     out += "\n";
     return out;
   }
@@ -52,6 +56,11 @@ inline SavedTensorReport saved_tensors(const Tape& tape = current_tape()) {
   for (const auto& node : tape.nodes()) {
     if (node->released()) continue;
     for (const detail::SavedTensor& s : node->saved()) {
+      if (s.packed()) {
+        report.packed_bytes += s.packed_bytes();
+        report.entries.push_back({node->name(), s.shape(), s.dtype(), s.packed_bytes(), false, false, 0.0, true});
+        continue;
+      }
       const bool shared = std::find(seen.begin(), seen.end(), s.storage()) != seen.end();
       const detail::Storage* storage = s.storage();
       const bool discarded = storage != nullptr && !storage->resident();

@@ -2,15 +2,79 @@
 // SavedTensor: what a node keeps for its backward. Type-erased (one node can keep float data and
 // int64 indices), counted in the allocator's saved-for-backward books while held, and versioned
 // so an in-place write between forward and backward is an error instead of a wrong gradient.
+// Under saved-tensor hooks (core/saved_tensor_hooks.hpp) a node keeps what the hooks' pack made of
+// the tensor instead, and backward reads what their unpack gives back: the one seam every other way
+// of keeping an activation (16-bit formats, offload, compression) goes through.
 
+#include <any>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "remat/core/error.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/tensor.hpp"
 
-namespace remat::detail {
+namespace remat {
+
+/// A tensor of any element type — what nodes save: float activations, int64 indices — as a
+/// saved-tensor hook packs and unpacks it.
+class AnyTensor {
+ public:
+  /// No tensor (defined() is false).
+  AnyTensor() = default;
+  /// `t` itself (its storage, not a copy); implicit, so a hook returns a tensor as it is.
+  template <class T>
+  AnyTensor(const BasicTensor<T>& t) : ref_(t.ref()) {}  // NOLINT
+  /// From a type-erased reference (what op-output events carry).
+  explicit AnyTensor(detail::TensorRef r) : ref_(std::move(r)) {}
+
+  /// Whether it holds a tensor.
+  bool defined() const { return ref_.defined(); }
+  /// Its shape.
+  const Shape& shape() const { return ref_.shape; }
+  /// The element type's name ("float32", "int64", ...).
+  const char* dtype() const { return ref_.dtype; }
+  /// Whether the elements are T.
+  template <class T>
+  bool is() const {
+    return ref_.dtype != nullptr && std::strcmp(ref_.dtype, detail::dtype_name<T>()) == 0;
+  }
+  /// The tensor as a BasicTensor<T> (the same storage); a remat::Error if the elements are not T.
+  template <class T>
+  BasicTensor<T> as(const char* who = "AnyTensor::as") const {
+    return BasicTensor<T>::from_ref(ref_, who);
+  }
+  /// The bytes of its storage.
+  std::size_t nbytes() const { return ref_.storage ? ref_.storage->bytes() : 0; }
+  /// The type-erased reference it wraps.
+  const detail::TensorRef& ref() const { return ref_; }
+
+ private:
+  detail::TensorRef ref_;
+};
+
+namespace detail {
+
+/// The one message for a tensor saved for backward and written in place since (nodes, checkpoint
+/// boundaries, a segment's outside reads, a chain's held records): `who` found it, `tensor` says
+/// which, `hint` (if any) how it comes about.
+inline std::string modified_in_place(std::string_view who, std::string_view tensor, std::uint64_t version_now,
+                                     std::uint64_t version_saved, std::string_view hint = {}) {
+  return fmt::format("{}: {} saved for backward was modified in place after it was saved (version {} now, {} when "
+                     "saved); its gradient would be wrong{}{}", who, tensor, version_now, version_saved,
+                     hint.empty() ? "" : " ", hint);
+}
+
+/// What a node keeps of a tensor that saved-tensor hooks packed: the hooks' object, and how to get
+/// the tensor back (the unpack hook, wrapped so that it runs outside any graph).
+struct PackedTensor {
+  std::any value;
+  std::function<AnyTensor(const std::any&)> unpack;
+};
 
 /// A tensor a node keeps for its backward, type-erased so one node can keep float data and int64
 /// indices. The version taken at save time catches in-place writes made before backward.
@@ -28,35 +92,72 @@ class SavedTensor {
   BasicTensor<U> get(const char* op) const {
     return BasicTensor<U>::from_ref(ref(op), op);
   }
-  /// The tensor as a type-erased reference, with the same checks.
+  /// The tensor as a type-erased reference, with the same checks; a packed tensor is unpacked.
   TensorRef ref(const char* op) const {
-    REMAT_CHECK(storage_ != nullptr, "{}: a saved tensor was already freed; backward through this "
-                "part of the graph ran before (use retain_graph=true to run it twice)", op);
-    REMAT_CHECK(storage_->version() == version_,
-                "{}: a tensor of shape {} saved for backward was modified in place after it was "
-                "saved (version {} now, {} when saved); its gradient would be wrong",
-                op, shape_, storage_->version(), version_);
+    REMAT_CHECK(storage_ != nullptr || packed_ != nullptr, "{}: a saved tensor was already freed; backward through "
+                "this part of the graph ran before (use retain_graph=true to run it twice)", op);
+    if (packed_) return unpacked(op);
+    check_version(op, *storage_);
     return {storage_, shape_, dtype_};
   }
   const Shape& shape() const { return shape_; }
   const char* dtype() const { return dtype_; }
+  /// The storage the node holds: null once released, and for a tensor saved-tensor hooks packed.
   const detail::Storage* storage() const { return storage_.get(); }
   const std::shared_ptr<detail::Storage>& shared_storage() const { return storage_; }
   std::uint64_t version() const { return version_; }
+  /// The bytes the node holds in RAM for it (none once released, none when packed).
   std::size_t bytes() const { return storage_ ? storage_->bytes() : 0; }
+  /// Whether saved-tensor hooks hold it (packed_bytes: its storage's size when it was packed).
+  bool packed() const { return packed_ != nullptr; }
+  std::size_t packed_bytes() const { return packed_bytes_; }
+  /// Whether the node still holds it, in RAM or packed.
+  bool held() const { return storage_ != nullptr || packed_ != nullptr; }
 
-  void retain() { storage_->retain_saved(); }
+  void retain() {
+    if (storage_) storage_->retain_saved();
+  }
   void release() {
+    packed_.reset();
     if (!storage_) return;
     storage_->release_saved();
     storage_.reset();
   }
 
+  /// Hands the tensor to a pack hook: from now on the node keeps `packed` (and a weak eye on the
+  /// storage, for the in-place check when unpack gives the same storage back). Before retain().
+  void pack(std::any value, std::function<AnyTensor(const std::any&)> unpack) {
+    original_ = storage_;
+    packed_bytes_ = storage_->bytes();
+    packed_ = std::make_shared<PackedTensor>(PackedTensor{std::move(value), std::move(unpack)});
+    storage_.reset();
+  }
+
  private:
+  void check_version(const char* op, const Storage& s) const {
+    if (s.version() != version_)
+      throw Error(modified_in_place(op, fmt::format("a tensor of shape {}", shape_), s.version(), version_));
+  }
+  TensorRef unpacked(const char* op) const {
+    const AnyTensor t = packed_->unpack(packed_->value);
+    REMAT_CHECK(t.defined() && t.shape() == shape_ && t.dtype() != nullptr && std::strcmp(t.dtype(), dtype_) == 0,
+                "{}: the saved-tensor hooks' unpack gave back {} for a tensor saved as shape {} ({}); unpack must "
+                "return what pack was given, of the same shape and element type", op,
+                t.defined() ? fmt::format("shape {} ({})", t.shape(), t.dtype() ? t.dtype() : "?") : std::string("nothing"),
+                shape_, dtype_);
+    // The same storage back (a hook that kept the tensor itself): an in-place write since is caught.
+    if (const auto original = original_.lock(); original && original == t.ref().storage) check_version(op, *original);
+    return t.ref();
+  }
+
   std::shared_ptr<detail::Storage> storage_;
   Shape shape_;
   std::uint64_t version_;
   const char* dtype_;
+  std::shared_ptr<const PackedTensor> packed_;
+  std::weak_ptr<detail::Storage> original_;
+  std::size_t packed_bytes_ = 0;
 };
 
-}  // namespace remat::detail
+}  // namespace detail
+}  // namespace remat

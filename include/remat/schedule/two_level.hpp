@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "remat/checkpoint/schedule.hpp"
+#include "remat/schedule/schedule.hpp"
 #include "remat/core/error.hpp"
 
 namespace remat {

@@ -22,9 +22,9 @@
 
 #include <fmt/format.h>
 
-#include "remat/checkpoint/action_stream.hpp"
-#include "remat/checkpoint/binomial.hpp"
-#include "remat/checkpoint/saved_bytes.hpp"
+#include "remat/schedule/action_stream.hpp"
+#include "remat/schedule/binomial.hpp"
+#include "remat/schedule/saved_bytes.hpp"
 #include "remat/core/error.hpp"
 
 namespace remat {

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "remat/checkpoint/action_stream.hpp"
+#include "remat/schedule/action_stream.hpp"
 #include "remat/core/error.hpp"
 
 namespace remat {

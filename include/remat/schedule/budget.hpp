@@ -33,7 +33,7 @@
 #include <limits>
 #include <vector>
 
-#include "remat/checkpoint/schedule.hpp"
+#include "remat/schedule/schedule.hpp"
 
 namespace remat {
 namespace detail {

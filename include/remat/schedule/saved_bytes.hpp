@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "remat/checkpoint/action_stream.hpp"
+#include "remat/schedule/action_stream.hpp"
 #include "remat/core/error.hpp"
 
 namespace remat::detail {
