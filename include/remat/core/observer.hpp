@@ -79,11 +79,12 @@ inline Observers& observers() {
 }
 
 /// Calls f(observer) for each observer of this thread, outermost first, unless an op is computing.
+/// By index: an observer may install another while it hears an event (the list grows under us).
 template <class F>
 void notify(F&& f) {
   Observers& o = observers();
   if (!o.listening()) return;
-  for (Observer* observer : o.list) f(*observer);
+  for (std::size_t i = 0; i < o.list.size(); ++i) f(*o.list[i]);
 }
 
 /// RAII: observers hear nothing while it lives (an op computing its outputs from other ops).
