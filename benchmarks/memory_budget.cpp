@@ -67,7 +67,7 @@ struct Setting {
   std::vector<double> ms;
   std::size_t peak = 0;
   BudgetLog log;
-  std::optional<RematPlan> plan;
+  std::optional<DiscardPlan> plan;
   std::size_t infeasible_least = 0;
 };
 
@@ -165,7 +165,7 @@ int main(int argc, char** argv) try {
       }
       return;
     }
-    s.plan = RematPlan::from(s.log);
+    s.plan = DiscardPlan::from(s.log);
     settings.push_back(s);
     Setting planned = s;
     planned.policy = "budget+plan";

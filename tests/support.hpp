@@ -1,5 +1,6 @@
 #pragma once
-// Helpers shared by the tests: gradient checks as Catch assertions, error-message matching.
+// Helpers shared by the tests: gradient checks as Catch assertions, error-message matching, run
+// comparisons as Catch assertions.
 
 #include <cstdio>
 #include <string>
@@ -92,4 +93,24 @@ std::vector<T> values(const BasicTensor<T>& t) {
     }                                                                               \
     INFO("expected remat::Error from " #expr);                                     \
     REQUIRE(remat_threw);                                                           \
+  } while (false)
+
+/// CHECK that testing::compare_runs(reference, checkpointed[, seed]) finds the two runs' records
+/// equal; a failure shows the first difference.
+#define CHECK_SAME_RUNS(...)                                                        \
+  do {                                                                              \
+    const ::remat::testing::GradientComparison remat_runs =                         \
+        ::remat::testing::compare_runs(__VA_ARGS__);                                \
+    INFO(remat_runs.message);                                                       \
+    CHECK(remat_runs.equal);                                                        \
+  } while (false)
+
+/// REQUIRE that testing::compare_runs(reference, checkpointed[, seed]) finds the two runs' records
+/// equal; a failure shows the first difference.
+#define REQUIRE_SAME_RUNS(...)                                                      \
+  do {                                                                              \
+    const ::remat::testing::GradientComparison remat_runs =                         \
+        ::remat::testing::compare_runs(__VA_ARGS__);                                \
+    INFO(remat_runs.message);                                                       \
+    REQUIRE(remat_runs.equal);                                                      \
   } while (false)

@@ -21,7 +21,9 @@
 #include "remat/core/timeline_json.hpp"
 
 #include "remat/schedule/budget.hpp"
+#include "remat/schedule/online_placement.hpp"
 #include "remat/schedule/schedule.hpp"
+#include "remat/schedule/two_level.hpp"
 
 #include "remat/checkpoint/apply.hpp"
 #include "remat/checkpoint/chain.hpp"
@@ -32,7 +34,6 @@
 #include "remat/checkpoint/online.hpp"
 #include "remat/checkpoint/replay.hpp"
 #include "remat/checkpoint/selective.hpp"
-#include "remat/checkpoint/two_tier.hpp"
 
 #include "remat/ops/add.hpp"
 #include "remat/ops/attention.hpp"

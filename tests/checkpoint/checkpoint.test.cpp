@@ -11,9 +11,6 @@ struct Mlp {
       : w1(randn({16, 8}, g).requires_grad_()), b1(randn({16}, g).requires_grad_()),
         w2(randn({4, 16}, g).requires_grad_()), b2(randn({4}, g).requires_grad_()) {}
   Tensor operator()(const Tensor& x) const { return linear(gelu(linear(x, w1, b1)), w2, b2); }
-  std::vector<std::vector<float>> grads() const {
-    return {w1.grad().to_vector(), b1.grad().to_vector(), w2.grad().to_vector(), b2.grad().to_vector()};
-  }
   void zero_grad() {
     for (Tensor* p : {&w1, &b1, &w2, &b2}) p->zero_grad();
   }
@@ -25,18 +22,20 @@ TEST_CASE("checkpoint: an MLP's gradients are bitwise identical with and without
   Generator g(1);
   Mlp mlp(g);
   Tensor x = randn({5, 8}, g).requires_grad_();
-  const Tensor plain = mlp(x);
-  sum(plain * plain).backward();
-  const auto expected = mlp.grads();
-  const auto expected_x = x.grad().to_vector();
-  mlp.zero_grad();
-  x.zero_grad();
-
-  const Tensor ck = checkpoint(mlp, x);
-  CHECK(test::values(ck) == test::values(plain));
-  sum(ck * ck).backward();
-  CHECK(mlp.grads() == expected);
-  CHECK(x.grad().to_vector() == expected_x);
+  auto run = [&](bool checkpointed) {
+    mlp.zero_grad();
+    x.zero_grad();
+    const Tensor y = checkpointed ? checkpoint(mlp, x) : mlp(x);
+    sum(y * y).backward();
+    return testing::RunRecord()
+        .tensor("output", y)
+        .grad("w1", mlp.w1)
+        .grad("b1", mlp.b1)
+        .grad("w2", mlp.w2)
+        .grad("b2", mlp.b2)
+        .grad("x", x);
+  };
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
 }
 
 TEST_CASE("checkpoint: the tape holds one node and only the boundary until backward", "[checkpoint]") {
@@ -68,22 +67,19 @@ TEST_CASE("checkpoint: a block with dropout replays the same masks, bitwise", "[
     block.zero_grad();
     Tensor x = x0.detach();
     x.requires_grad_();
-    manual_seed(77);
     Tensor y = ck ? checkpoint(block, x) : block(x);
     // Draw after the segment: the replay in backward must not disturb the outer stream.
     const Tensor after = randn({3});
     sum(y * y).backward();
     const Tensor later = randn({3});
-    auto grads = test::gradients(block);
-    grads.push_back(x.grad().to_vector());
-    grads.push_back(y.to_vector());
-    grads.push_back(after.to_vector());
-    grads.push_back(later.to_vector());
-    return grads;
+    return testing::RunRecord()
+        .grads(block)
+        .grad("x", x)
+        .tensor("output", y)
+        .tensor("draw after the forward", after)
+        .tensor("draw after backward", later);
   };
-  const auto plain = run(false);
-  const auto ck = run(true);
-  CHECK(ck == plain);
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); }, 77);
 }
 
 TEST_CASE("checkpoint: a whole GPT with every block checkpointed and dropout on, bitwise", "[checkpoint][gpt]") {
@@ -111,15 +107,16 @@ TEST_CASE("checkpoint: tuple outputs and non-tensor arguments pass through", "[c
   Generator g(6);
   Tensor a = randn({3}, g).requires_grad_(), b = randn({3}, g).requires_grad_();
   auto fn = [](const Tensor& x, double scale, const Tensor& y) { return std::make_tuple(x * scale, exp(x * y)); };
-  auto [p, q] = fn(a, 2.5, b);
-  sum(p + q).backward();
-  const auto ga = a.grad().to_vector(), gb = b.grad().to_vector();
-  a.zero_grad();
-  b.zero_grad();
-  auto [cp, cq] = checkpoint(fn, a, 2.5, b);
-  sum(cp + cq).backward();
-  CHECK(a.grad().to_vector() == ga);
-  CHECK(b.grad().to_vector() == gb);
+  auto run = [&](bool checkpointed) {
+    a.zero_grad();
+    b.zero_grad();
+    Tensor p, q;
+    if (checkpointed) std::tie(p, q) = checkpoint(fn, a, 2.5, b);
+    else std::tie(p, q) = fn(a, 2.5, b);
+    sum(p + q).backward();
+    return testing::RunRecord().grad("a", a).grad("b", b);
+  };
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
 }
 
 TEST_CASE("checkpoint: parameters get gradients when no input requires grad (frozen input)", "[checkpoint][frozen]") {
@@ -187,8 +184,8 @@ TEST_CASE("checkpoint: a replay with a different shape throws CheckpointError an
   CHECK(threw);
   CHECK_FALSE(is_replaying());
   CHECK(default_generator().state() == rng_before);
-  CHECK(detail::autograd_state().recording);
-  CHECK(detail::autograd_state().tapes.size() == 1);
+  CHECK(detail::session().recording);
+  CHECK(detail::tape_stack().size() == 1);
   // The library still works afterwards.
   Tensor z = randn({2}).requires_grad_();
   sum(z * 3.0f).backward();

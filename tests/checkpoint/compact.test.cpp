@@ -10,13 +10,10 @@ using namespace remat;
 
 namespace {
 
-struct Grads {
-  std::vector<float> x, w;
-  bool operator==(const Grads& o) const { return x == o.x && w == o.w; }
-};
-
-// An RNN cell with dropout: its backward reads the matmul's input and the tanh's output.
-Grads rnn_grads(std::int64_t L, const Policy* policy, bool compact, std::shared_ptr<ChainCounts> counts = nullptr) {
+// An RNN cell with dropout: its backward reads the matmul's input and the tanh's output. Records
+// the gradients of the input and the weight.
+testing::RunRecord rnn_grads(std::int64_t L, const Policy* policy, bool compact,
+                             std::shared_ptr<ChainCounts> counts = nullptr) {
   Generator g(5);
   Tensor w = (randn({8, 8}, g) * 0.4f).detach().requires_grad_();
   Tensor x = randn({3, 8}, g).requires_grad_();
@@ -33,32 +30,34 @@ Grads rnn_grads(std::int64_t L, const Policy* policy, bool compact, std::shared_
     }
   }
   sum(y * y).backward();
-  return {x.grad().to_vector(), w.grad().to_vector()};
+  return testing::RunRecord().grad("x", x).grad("w", w);
 }
 
-/// w's gradient after `steps` of `cell` from x: under policy::none as a chain (counts given), or
-/// as a plain loop (counts null).
-std::vector<float> weight_grad(const ChainStep& cell, std::int64_t steps, const Tensor& x, Tensor& w,
-                               std::shared_ptr<ChainCounts> counts) {
-  w.zero_grad();
-  Tensor y = x;
-  if (counts) y = checkpoint_sequential(cell, steps, x, policy::none(), nullptr, counts);
-  else for (std::int64_t i = 0; i < steps; ++i) y = cell(y);
-  sum(y).backward();
-  return w.grad().to_vector();
+/// A run recording w's gradient after `steps` of `cell` from x: under policy::none as a chain
+/// (counts given), or as a plain loop (counts null).
+std::function<testing::RunRecord()> weight_grad(const ChainStep& cell, std::int64_t steps, const Tensor& x,
+                                                Tensor& w, std::shared_ptr<ChainCounts> counts) {
+  return [&cell, steps, &x, &w, counts] {
+    w.zero_grad();
+    Tensor y = x;
+    if (counts) y = checkpoint_sequential(cell, steps, x, policy::none(), nullptr, counts);
+    else for (std::int64_t i = 0; i < steps; ++i) y = cell(y);
+    sum(y).backward();
+    return testing::RunRecord().grad("w", w);
+  };
 }
 
 }  // namespace
 
 TEST_CASE("compact records: gradients bitwise equal to full records and to no chain, dropout on", "[chain][compact]") {
   const std::int64_t L = 23;
-  const Grads plain = rnn_grads(L, nullptr, true);
+  auto plain = [&] { return rnn_grads(L, nullptr, true); };
   for (const Policy& p : {policy::none(), policy::uniform(4), policy::binomial(3), policy::sqrt_segments()}) {
     INFO(p.name);
     auto counts = std::make_shared<ChainCounts>();
-    CHECK(rnn_grads(L, &p, true, counts) == plain);
+    CHECK_SAME_RUNS(plain, [&] { return rnn_grads(L, &p, true, counts); });
     CHECK(counts->rebuilt >= 1);
-    CHECK(rnn_grads(L, &p, false) == plain);
+    CHECK_SAME_RUNS(plain, [&] { return rnn_grads(L, &p, false); });
   }
 }
 
@@ -93,7 +92,7 @@ TEST_CASE("compact records: a step whose backward reads a tensor it made without
   // The mul saves the factory-made scale, which a rebuild that computes nothing could not give back.
   const ChainStep cell = [&w](const Tensor& h) { return tanh(matmul(h, w) * full({2, 6}, 0.5f)); };
   auto counts = std::make_shared<ChainCounts>();
-  CHECK(weight_grad(cell, 7, x, w, counts) == weight_grad(cell, 7, x, w, nullptr));
+  CHECK_SAME_RUNS(weight_grad(cell, 7, x, w, nullptr), weight_grad(cell, 7, x, w, counts));
   CHECK(counts->records == 7);
   CHECK(counts->rebuilt == 0);
 }
@@ -145,20 +144,23 @@ TEST_CASE("compact records: an online chain of one repeated step function", "[ch
   Tensor w = (randn({4, 4}, g) * 0.3f).detach().requires_grad_();
   const Tensor x = randn({2, 4}, g).requires_grad_();
   const ChainStep cell = [&w](const Tensor& h) { return dropout(tanh(matmul(h, w)), 0.1); };
-  manual_seed(3);
-  OnlineChain chain(x, 3);
-  CHECK_THROWS_AS(chain.advance(), Error);  // nothing to repeat yet
-  chain.advance(cell);
-  for (int i = 1; i < 40; ++i) chain.advance();
-  CHECK(chain.steps() == 40);
-  sum(chain.finish()).backward();
-  const std::vector<float> online = w.grad().to_vector();
-  w.zero_grad();
-  manual_seed(3);
-  Tensor h = x;
-  for (int i = 0; i < 40; ++i) h = cell(h);
-  sum(h).backward();
-  CHECK(w.grad().to_vector() == online);
+  auto run = [&](bool online) {
+    w.zero_grad();
+    if (online) {
+      OnlineChain chain(x, 3);
+      CHECK_THROWS_AS(chain.advance(), Error);  // nothing to repeat yet
+      chain.advance(cell);
+      for (int i = 1; i < 40; ++i) chain.advance();
+      CHECK(chain.steps() == 40);
+      sum(chain.finish()).backward();
+    } else {
+      Tensor h = x;
+      for (int i = 0; i < 40; ++i) h = cell(h);
+      sum(h).backward();
+    }
+    return testing::RunRecord().grad("w", w);
+  };
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); }, 3);
 }
 
 TEST_CASE("compact records: a step whose ops save its input and views of it", "[chain][compact]") {
@@ -171,6 +173,6 @@ TEST_CASE("compact records: a step whose ops save its input and views of it", "[
     return tanh(matmul(h, w)) + reshape(flat * reshape(h, {8}), {2, 4}) * 0.1f;
   };
   auto counts = std::make_shared<ChainCounts>();
-  CHECK(weight_grad(cell, 6, x, w, counts) == weight_grad(cell, 6, x, w, nullptr));
+  CHECK_SAME_RUNS(weight_grad(cell, 6, x, w, nullptr), weight_grad(cell, 6, x, w, counts));
   CHECK(counts->rebuilt == 6);
 }

@@ -4,12 +4,19 @@ using namespace remat;
 
 namespace {
 
-/// x's gradient after one backward of the loss that `build` makes from a fresh leaf x (bits).
-template <class Build>
-std::vector<float> input_grad(const Tensor& data, Build build) {
-  Tensor x = data.detach().requires_grad_();
-  build(x).backward();
-  return x.grad().to_vector();
+/// CHECKs that `loss_of(x, checkpointed)`, from a fresh leaf x holding `data`, gives x bitwise the
+/// same gradient plain and checkpointed (`what`: the pattern, in the failure's message).
+template <class LossOf>
+void check_input_grad(const char* what, const Tensor& data, LossOf loss_of) {
+  auto run = [&](bool checkpointed) {
+    return [&, checkpointed] {
+      Tensor x = data.detach().requires_grad_();
+      loss_of(x, checkpointed).backward();
+      return testing::RunRecord().grad("x", x);
+    };
+  };
+  INFO(what);
+  CHECK_SAME_RUNS(run(false), run(true));
 }
 
 }  // namespace
@@ -21,32 +28,25 @@ TEST_CASE("checkpoint: an input shared with the rest of the graph gets bitwise t
   for (std::uint64_t seed = 0; seed < 40; ++seed) {
     Generator gen(seed);
     const Tensor data = randn({7, 9}, gen);
-    auto both = [&](auto loss_of) {
-      return input_grad(data, [&](const Tensor& x) { return loss_of(x, false); }) ==
-             input_grad(data, [&](const Tensor& x) { return loss_of(x, true); });
-    };
     auto seg = [&](const Tensor& x, bool ck) { return ck ? checkpoint(f, x) : f(x); };
     INFO("seed " << seed);
-    // used after the segment
-    CHECK(both([&](const Tensor& x, bool ck) { return sum(seg(x, ck)) + sum(x * 5.0f); }));
-    // used before it
-    CHECK(both([&](const Tensor& x, bool ck) {
+    check_input_grad("used after the segment", data,
+                     [&](const Tensor& x, bool ck) { return sum(seg(x, ck)) + sum(x * 5.0f); });
+    check_input_grad("used before it", data, [&](const Tensor& x, bool ck) {
       const Tensor before = x * 5.0f;
       return sum(before) + sum(seg(x, ck));
-    }));
-    // passed twice
-    CHECK(both([&](const Tensor& x, bool ck) { return sum(ck ? checkpoint(g, x, x) : g(x, x)); }));
-    // a non-leaf input, the residual pattern y = h + block(h)
-    CHECK(both([&](const Tensor& x, bool ck) {
+    });
+    check_input_grad("passed twice", data,
+                     [&](const Tensor& x, bool ck) { return sum(ck ? checkpoint(g, x, x) : g(x, x)); });
+    check_input_grad("a non-leaf input, the residual pattern y = h + block(h)", data, [&](const Tensor& x, bool ck) {
       const Tensor h = x * 1.5f;
       return sum(h + seg(h, ck)) + sum(h * h);
-    }));
-    // nested segments sharing the input
-    CHECK(both([&](const Tensor& x, bool ck) {
+    });
+    check_input_grad("nested segments sharing the input", data, [&](const Tensor& x, bool ck) {
       auto outer = [&seg, ck](const Tensor& a) { return seg(a, ck) + a; };
       // a temporary, so checkpoint holds it by value: the segment replays after we have returned
       return sum(ck ? checkpoint(decltype(outer)(outer), x) : outer(x)) + sum(exp(x));
-    }));
+    });
   }
 }
 
@@ -67,8 +67,7 @@ TEST_CASE("checkpoint_sequential: a chain input shared with the rest of the grap
         return sum(y) + sum(h * 3.0f) + sum(exp(x));
       };
       INFO(p.name << " seed " << seed);
-      CHECK(input_grad(data, [&](const Tensor& x) { return loss_of(x, false); }) ==
-            input_grad(data, [&](const Tensor& x) { return loss_of(x, true); }));
+      check_input_grad("a chain input shared with the rest of the graph", data, loss_of);
     }
   }
 }
@@ -140,17 +139,22 @@ TEST_CASE("checkpoint_sequential inside checkpoint(): the segment's forward reco
   Tensor x = randn({8, 128}, init).requires_grad_();
   auto inner = [&](const Tensor& h) { return checkpoint_sequential(steps, h, policy::none()); };
 
-  const std::size_t before = memory_stats().saved_bytes;
-  MemoryScope scope;
-  Tensor y = checkpoint(inner, x);
-  CHECK(scope.peak_saved_bytes() - before == x.nbytes());  // the boundary, nothing else, at any moment
-  sum(y).backward();
-  const std::vector<float> gx = x.grad().to_vector(), gw = w.grad().to_vector();
-  x.zero_grad();
-  w.zero_grad();
-  sum(inner(x)).backward();
-  CHECK(x.grad().to_vector() == gx);
-  CHECK(w.grad().to_vector() == gw);
+  auto run = [&](bool checkpointed) {
+    x.zero_grad();
+    w.zero_grad();
+    Tensor y;
+    if (checkpointed) {
+      const std::size_t before = memory_stats().saved_bytes;
+      MemoryScope scope;
+      y = checkpoint(inner, x);
+      CHECK(scope.peak_saved_bytes() - before == x.nbytes());  // the boundary, nothing else, at any moment
+    } else {
+      y = inner(x);
+    }
+    sum(y).backward();
+    return testing::RunRecord().grad("x", x).grad("w", w);
+  };
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
 }
 
 TEST_CASE("measure_steps: costs are deterministic, so plans are the same on every run", "[checkpoint][chain][budget]") {

@@ -55,7 +55,7 @@ struct StepResult {
 /// One training step (fixed dropout seed) under `budget` (none when absent, or replaying `plan`).
 template <class Model>
 StepResult step(Model& model, const std::function<Tensor()>& loss_fn, std::optional<std::size_t> budget,
-                const std::optional<RematPlan>& plan = std::nullopt) {
+                const std::optional<DiscardPlan>& plan = std::nullopt) {
   test::FreshTape fresh;
   model.zero_grad();
   manual_seed(77);
@@ -78,7 +78,7 @@ StepResult step(Model& model, const std::function<Tensor()>& loss_fn, std::optio
 /// plan that fits it).
 struct Least {
   std::size_t bytes;
-  RematPlan plan;
+  DiscardPlan plan;
 };
 
 template <class Model>
@@ -178,7 +178,7 @@ TEST_CASE("memory budget: a step's log is a static plan the next steps replay wi
   CHECK(searched.log.decisions > 0);
   INFO(searched.log.str());
   CHECK(searched.log.str().find("discard") != std::string::npos);
-  const RematPlan plan = RematPlan::from(searched.log);
+  const DiscardPlan plan = DiscardPlan::from(searched.log);
   for (int i = 0; i < 2; ++i) {
     const StepResult replayed = step(net, loss_fn, std::nullopt, plan);
     CHECK(replayed.peak_saved == searched.peak_saved);

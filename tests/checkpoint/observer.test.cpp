@@ -38,13 +38,9 @@ struct Recorder : Observer, Heard {
 };
 
 Heard observe_step(const char* how) {
-  Generator init(3);
-  nn::GPT gpt(test::small_gpt(3, 0.1), init);
-  if (how) apply_checkpointing(gpt, policy::parse(how));
-  manual_seed(4);
-  const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
+  test::GptStep step(how);
   Recorder rec;
-  gpt.loss(idx, targets).backward();
+  step.loss().backward();
   return static_cast<const Heard&>(rec);
 }
 

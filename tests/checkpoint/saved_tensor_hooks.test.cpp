@@ -34,20 +34,16 @@ struct CopyingStore {
 /// A GPT step's gradients (and loss), under `how` (null: no checkpointing), with the store's hooks
 /// in force around forward when `store` is given.
 std::vector<std::vector<float>> gpt_grads(const char* how, CopyingStore* store) {
-  Generator init(3);
-  nn::GPT gpt(test::small_gpt(3, 0.1), init);
-  if (how) apply_checkpointing(gpt, policy::parse(how));
-  manual_seed(4);
-  const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
+  test::GptStep step(how);
   Tensor loss;
   {
     std::optional<SavedTensorHooks> hooks;
     if (store) hooks.emplace(store->pack(), store->unpack());
-    loss = gpt.loss(idx, targets);
+    loss = step.loss();
     if (store) REQUIRE(saved_tensors().total_bytes == 0);  // every saved tensor is the store's
   }
   loss.backward();  // after the scope: the nodes kept their unpack
-  auto grads = test::gradients(gpt);
+  auto grads = test::gradients(step.gpt);
   grads.push_back({loss.item()});
   return grads;
 }

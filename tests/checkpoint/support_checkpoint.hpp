@@ -1,5 +1,6 @@
 #pragma once
-// Helpers for comparing a model's gradients with and without checkpointing, bit for bit.
+// Helpers for comparing a model's gradients with and without checkpointing, bit for bit, and the
+// GPT step the listener tests run.
 
 #include "support.hpp"
 
@@ -22,5 +23,22 @@ void check_checkpointing(Stack& model, const Checkpointing& how, const std::func
   INFO(how.name << ": " << r.message);
   CHECK(r.equal);
 }
+
+/// The GPT step the observer and saved-tensor-hook tests listen to: small_gpt(3 layers, dropout
+/// 0.1) from Generator(3), its blocks checkpointed under policy::parse(how) (null: not), the thread's
+/// generator seeded 4, and a (2, 12) batch of tokens and targets drawn from the same Generator(3).
+struct GptStep {
+  Generator init{3};
+  nn::GPT gpt;
+  LongTensor idx, targets;
+  explicit GptStep(const char* how) : gpt(small_gpt(3, 0.1), init) {
+    if (how) apply_checkpointing(gpt, policy::parse(how));
+    manual_seed(4);
+    idx = randint(0, 23, {2, 12}, init);
+    targets = randint(0, 23, {2, 12}, init);
+  }
+  /// The step's loss (forward only).
+  Tensor loss() { return gpt.loss(idx, targets); }
+};
 
 }  // namespace remat::test

@@ -83,25 +83,25 @@ TEST_CASE("early stop: a GPT block's replay skips its output projection and its 
   Generator init(5);
   nn::TransformerBlock block(16, 2, 0.1, true, init);
   const Tensor data = randn({2, 6, 16}, init);
+  std::size_t skipped[3] = {};  // ops early stop skipped, by mode
   auto run = [&](int mode) {  // 0 plain, 1 checkpoint with early stop, 2 without
-    CheckpointEarlyStop es(mode == 1);
-    block.zero_grad();
-    Tensor x = data.detach().requires_grad_();
-    manual_seed(9);
-    Tensor y = mode == 0 ? block(x) : checkpoint(block, x);
-    const detail::EarlyStopStats before = early_stop_stats();
-    sum(y * y).backward();
-    auto g = test::gradients(block);
-    g.push_back(grad_of(x));
-    return std::make_pair(g, early_stop_stats().ops - before.ops);
+    return [&, mode] {
+      CheckpointEarlyStop es(mode == 1);
+      block.zero_grad();
+      Tensor x = data.detach().requires_grad_();
+      Tensor y = mode == 0 ? block(x) : checkpoint(block, x);
+      const detail::EarlyStopStats before = early_stop_stats();
+      sum(y * y).backward();
+      skipped[mode] = early_stop_stats().ops - before.ops;
+      return testing::RunRecord().grads(block).tensor("gradient of x", x.grad());
+    };
   };
-  const auto plain = run(0), early = run(1), full = run(2);
-  CHECK(early.first == plain.first);
-  CHECK(full.first == plain.first);
-  CHECK(full.second == 0);
+  CHECK_SAME_RUNS(run(0), run(1), 9);
+  CHECK_SAME_RUNS(run(0), run(2), 9);
+  CHECK(skipped[2] == 0);
   // c_proj of the MLP (linear), then its dropout and the residual add (one dropout_add): the last
   // two op outputs.
-  CHECK(early.second == 2);
+  CHECK(skipped[1] == 2);
 }
 
 // test_autograd.py TestNestedCheckpoint: test_nested_checkpoint_early_stop_{True,False}, two_children
@@ -114,22 +114,23 @@ TEST_CASE("early stop: nested checkpoints, with two children, equal plain gradie
     const Tensor right = nested ? checkpoint(inner, counted(a)) : inner(counted(a));
     return counted(left * right);
   };
-  auto run = [&](int mode, int& work) {
-    CheckpointEarlyStop es(mode == 1);
-    nested = mode != 0;
-    Tensor x = tensor({0.5f, -1.5f, 2.0f, 1.0f}).requires_grad_();
-    Tensor y = mode == 0 ? outer(x) : checkpoint(outer, x);
-    const int before = computes();
-    sum(y).backward();
-    work = computes() - before;
-    return grad_of(x);
+  int work[3] = {};  // recomputations in backward, by mode: 0 plain, 1 early stop, 2 without
+  auto run = [&](int mode) {
+    return [&, mode] {
+      CheckpointEarlyStop es(mode == 1);
+      nested = mode != 0;
+      Tensor x = tensor({0.5f, -1.5f, 2.0f, 1.0f}).requires_grad_();
+      Tensor y = mode == 0 ? outer(x) : checkpoint(outer, x);
+      const int before = computes();
+      sum(y).backward();
+      work[mode] = computes() - before;
+      return testing::RunRecord().tensor("gradient of x", x.grad());
+    };
   };
-  int plain_work = 0, early_work = 0, full_work = 0;
-  const auto plain = run(0, plain_work), early = run(1, early_work), full = run(2, full_work);
-  CHECK(early == plain);
-  CHECK(full == plain);
-  CHECK(plain_work == 0);
-  CHECK(early_work < full_work);
+  CHECK_SAME_RUNS(run(0), run(1));
+  CHECK_SAME_RUNS(run(0), run(2));
+  CHECK(work[0] == 0);
+  CHECK(work[1] < work[2]);
 }
 
 TEST_CASE("early stop: recorded chain steps stop at the last saved output, under every policy",
@@ -137,23 +138,24 @@ TEST_CASE("early stop: recorded chain steps stop at the last saved output, under
   const ChainStep step = [](const Tensor& a) { return counted(counted(a) * a); };  // the last counted is never read
   const std::vector<ChainStep> steps(7, step);
   for (const Policy& p : {policy::none(), policy::uniform(2), policy::sqrt_segments(), policy::binomial(2)}) {
-    auto run = [&](int mode, int& work) {
-      CheckpointEarlyStop es(mode == 1);
-      Tensor x = tensor({0.5f, -0.25f, 0.75f}).requires_grad_();
-      Tensor y = x;
-      if (mode == 0) for (const ChainStep& s : steps) y = s(y);
-      else y = checkpoint_sequential(steps, x, p);
-      const int before = computes();
-      sum(y).backward();
-      work = computes() - before;
-      return grad_of(x);
+    int work[3] = {};  // recomputations in backward, by mode: 0 plain, 1 early stop, 2 without
+    auto run = [&](int mode) {
+      return [&, mode] {
+        CheckpointEarlyStop es(mode == 1);
+        Tensor x = tensor({0.5f, -0.25f, 0.75f}).requires_grad_();
+        Tensor y = x;
+        if (mode == 0) for (const ChainStep& s : steps) y = s(y);
+        else y = checkpoint_sequential(steps, x, p);
+        const int before = computes();
+        sum(y).backward();
+        work[mode] = computes() - before;
+        return testing::RunRecord().tensor("gradient of x", x.grad());
+      };
     };
     INFO(p.name);
-    int w0 = 0, w1 = 0, w2 = 0;
-    const auto plain = run(0, w0), early = run(1, w1), full = run(2, w2);
-    CHECK(early == plain);
-    CHECK(full == plain);
-    if (p.name != "none") CHECK(w1 < w2);
+    CHECK_SAME_RUNS(run(0), run(1));
+    CHECK_SAME_RUNS(run(0), run(2));
+    if (p.name != "none") CHECK(work[1] < work[2]);
   }
 }
 
@@ -193,11 +195,12 @@ TEST_CASE("outputs: any mix of tensors of any dtype and other values, nested in 
     CHECK(c.mask.to_vector() == std::vector<std::int64_t>{0, 1, 0});
     CHECK(c.h.requires_grad());
     loss_of(r).backward();
-    return std::vector<std::vector<float>>{grad_of(x), grad_of(ws[0]), grad_of(ws[1])};
+    return testing::RunRecord()
+        .tensor("gradient of x", x.grad())
+        .tensor("gradient of ws[0]", ws[0].grad())
+        .grad("ws[1]", ws[1]);  // the weight inside the vector got its gradient through the boundary
   };
-  const auto plain = run(false);
-  CHECK(run(true) == plain);
-  CHECK(!plain[2].empty());  // the weight inside the vector got its gradient through the boundary
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
 }
 
 TEST_CASE("outputs: an output that needs no gradient stays that way; non-float outputs pass through",
@@ -220,15 +223,17 @@ TEST_CASE("outputs: an output that needs no gradient stays that way; non-float o
 // test_utils.py: test_checkpoint_partial_grad
 TEST_CASE("outputs: backward through only some outputs gives what the plain graph gives", "[checkpoint][outputs]") {
   auto fn = [](const Tensor& a, const Tensor& b) { return std::make_tuple(a * b, exp(a), tanh(b)); };
+  bool checkpointed_b_grad = true;
   auto run = [&](bool ck) {
     Tensor a = tensor({0.1f, 0.2f}).requires_grad_();
     Tensor b = tensor({0.3f, -0.4f}).requires_grad_();
     auto [p, q, r] = ck ? checkpoint(fn, a, b) : fn(a, b);
     sum(q).backward();
-    return std::make_pair(grad_of(a), grad_of(b));
+    if (ck) checkpointed_b_grad = b.grad().defined();
+    return testing::RunRecord().tensor("gradient of a", a.grad()).tensor("gradient of b", b.grad());
   };
-  CHECK(run(true) == run(false));
-  CHECK(run(true).second.empty());  // b only feeds outputs that reached no loss
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
+  CHECK_FALSE(checkpointed_b_grad);  // b only feeds outputs that reached no loss
 }
 
 TEST_CASE("boundary: tensors inside container arguments are saved, counted and version-checked",
@@ -336,9 +341,9 @@ TEST_CASE("selective: the policy is asked once per op in forward, sees shapes an
     Tensor x = tensor({0.1f, 0.2f, 0.3f}).requires_grad_();
     Tensor y = ck ? checkpoint(CheckpointOptions{"sel", false, policy}, fn, x) : fn(x);
     y.backward();
-    return grad_of(x);
+    return testing::RunRecord().tensor("gradient of x", x.grad());
   };
-  CHECK(run(true) == run(false));
+  CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
   CHECK(calls == 4);  // exp, tanh, mul, sum — in forward only: the replay follows its decisions
   CHECK(seen[0] == "exp (3,) 12");
   CHECK(std::none_of(replaying.begin(), replaying.end(), [](bool r) { return r; }));

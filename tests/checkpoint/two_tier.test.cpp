@@ -189,21 +189,18 @@ TEST_CASE("two tiers: gradients with snapshots on disk equal the plain ones bitw
   auto run = [&](const std::optional<Policy>& p) {
     lin.zero_grad();
     Tensor x = data.detach().requires_grad_();
-    manual_seed(4);
     Tensor y = x;
     if (p) y = checkpoint_sequential(steps, x, *p);
     else for (const ChainStep& s : steps) y = s(y);
     if (p) CHECK(!dir.files().empty());  // the forward left snapshots on disk
     sum(y * y).backward();
-    auto g = test::gradients(lin);
-    g.push_back(x.grad().to_vector());
-    return g;
+    return testing::RunRecord().grads(lin).grad("x", x);
   };
   const Policy all_disk = policy::two_tier(0, 4, dir.path, {0, 0});
   CHECK(remat::plan(all_disk, 30).disk_writes > 0);
-  CHECK(run(all_disk) == run(std::nullopt));
+  CHECK_SAME_RUNS([&] { return run(std::nullopt); }, [&] { return run(all_disk); }, 4);
   CHECK(dir.files().empty());
-  CHECK(run(policy::two_tier(1, 3, dir.path, {0, 0})) == run(std::nullopt));
+  CHECK_SAME_RUNS([&] { return run(std::nullopt); }, [&] { return run(policy::two_tier(1, 3, dir.path, {0, 0})); }, 4);
   CHECK(dir.files().empty());
 }
 
@@ -264,21 +261,19 @@ class WorkingDirectory {
   std::string saved_;
 };
 
-/// A chain's gradients with the policy (or without checkpointing), `between` run after its forward.
+/// A chain's gradients with the policy (or without checkpointing), `between` run after its forward:
+/// the parameters' and the input's (for compare_runs, from generator seed 4).
 template <class Between>
-std::vector<std::vector<float>> chain_gradients(nn::Linear& lin, const std::vector<ChainStep>& steps,
-                                                const Tensor& data, const std::optional<Policy>& p, Between between) {
+testing::RunRecord chain_gradients(nn::Linear& lin, const std::vector<ChainStep>& steps, const Tensor& data,
+                                   const std::optional<Policy>& p, Between between) {
   lin.zero_grad();
   Tensor x = data.detach().requires_grad_();
-  manual_seed(4);
   Tensor y = x;
   if (p) y = checkpoint_sequential(steps, x, *p);
   else for (const ChainStep& s : steps) y = s(y);
   between(y);
   sum(y * y).backward();
-  auto g = test::gradients(lin);
-  g.push_back(x.grad().to_vector());
-  return g;
+  return testing::RunRecord().grads(lin).grad("x", x);
 }
 
 }  // namespace
@@ -290,15 +285,17 @@ TEST_CASE("two tiers: a relative directory still names the snapshots after a chd
   nn::Linear lin(5, 5, true, init);
   const Tensor data = randn({2, 5}, init);
   const auto steps = mlp_steps(lin, 12);
-  const auto plain = chain_gradients(lin, steps, data, std::nullopt, [](Tensor&) {});
   WorkingDirectory cwd;
-  cwd.change("/tmp");
-  const Policy relative = policy::two_tier(0, 3, dir.path.substr(std::string("/tmp/").size()), {0, 0});
-  const auto moved = chain_gradients(lin, steps, data, relative, [&](Tensor&) {
-    CHECK(!dir.files().empty());
-    cwd.change("/");
-  });
-  CHECK(moved == plain);
+  auto plain = [&] { return chain_gradients(lin, steps, data, std::nullopt, [](Tensor&) {}); };
+  auto moved = [&] {
+    cwd.change("/tmp");
+    const Policy relative = policy::two_tier(0, 3, dir.path.substr(std::string("/tmp/").size()), {0, 0});
+    return chain_gradients(lin, steps, data, relative, [&](Tensor&) {
+      CHECK(!dir.files().empty());
+      cwd.change("/");
+    });
+  };
+  CHECK_SAME_RUNS(plain, moved, 4);
   CHECK(dir.files().empty());
 }
 
@@ -309,8 +306,7 @@ TEST_CASE("two tiers: a child forked after the forward leaves the parent's snaps
   nn::Linear lin(5, 5, true, init);
   const Tensor data = randn({2, 5}, init);
   const auto steps = mlp_steps(lin, 12);
-  const auto plain = chain_gradients(lin, steps, data, std::nullopt, [](Tensor&) {});
-  const auto forked = chain_gradients(lin, steps, data, policy::two_tier(0, 3, dir.path, {0, 0}), [&](Tensor& y) {
+  auto fork_between = [&](Tensor& y) {
     const std::vector<std::string> files = dir.files();
     REQUIRE(!files.empty());
     const pid_t child = ::fork();
@@ -327,8 +323,10 @@ TEST_CASE("two tiers: a child forked after the forward leaves the parent's snaps
     REQUIRE(::waitpid(child, &status, 0) == child);
     CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
     CHECK(dir.files() == files);
-  });
-  CHECK(forked == plain);
+  };
+  const Policy on_disk = policy::two_tier(0, 3, dir.path, {0, 0});
+  CHECK_SAME_RUNS([&] { return chain_gradients(lin, steps, data, std::nullopt, [](Tensor&) {}); },
+                  [&] { return chain_gradients(lin, steps, data, on_disk, fork_between); }, 4);
   CHECK(dir.files().empty());
 }
 

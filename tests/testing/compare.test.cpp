@@ -41,3 +41,71 @@ TEST_CASE("compare_gradients: a gradient missing on one side is a difference", "
   CHECK(r.message.find("gradient of bias") != std::string::npos);
   CHECK(r.message.find("has none") != std::string::npos);
 }
+
+TEST_CASE("compare_runs: input gradients, outputs, counts and generator states, each difference named",
+          "[testing][compare]") {
+  Generator init(7);
+  const Tensor data = randn({3, 4}, init);
+  bool drifting = false;
+  int calls = 0, forwards = 0;
+  auto segment = [&](const Tensor& h) {
+    forwards += !is_replaying();
+    return tanh(h) * (drifting && ++calls > 1 ? 1.5f : 1.0f);  // when drifting, the replay scales
+  };
+  auto run = [&](bool checkpointed) {
+    return [&, checkpointed] {
+      calls = forwards = 0;
+      Tensor x = data.detach().requires_grad_();
+      Tensor y = checkpointed ? checkpoint(segment, x) : segment(x);
+      sum(y * y).backward();
+      (void)randn({2});
+      return testing::RunRecord()
+          .tensor("output", y)
+          .grad("x", x)
+          .count("forwards", forwards)
+          .state("the default generator", default_generator().state());
+    };
+  };
+  const testing::GradientComparison same = testing::compare_runs(run(false), run(true), 3);
+  INFO(same.message);
+  CHECK(same.equal);
+  CHECK(same.tensors_compared == 4);
+  CHECK(same.message == "2 tensors bitwise equal and 2 counts equal");
+
+  // The replay of the drifting segment: the output agrees, x's gradient does not.
+  drifting = true;
+  const testing::GradientComparison drift = testing::compare_runs(run(false), run(true), 3);
+  INFO(drift.message);
+  CHECK_FALSE(drift.equal);
+  CHECK(drift.tensors_compared == 2);
+  CHECK(drift.message.find("gradient of x (shape (3, 4)): 12 of 12 elements differ") != std::string::npos);
+
+  // Counts compare exactly, generator states by seed and offset.
+  auto counted = [](long long n, std::uint64_t seed) {
+    return [n, seed] { return testing::RunRecord().count("calls", n).state("mine", Generator(seed).state()); };
+  };
+  CHECK(testing::compare_runs(counted(1, 5), counted(2, 5)).message == "calls: 1 (reference) vs 2 (checkpointed)");
+  CHECK(testing::compare_runs(counted(1, 5), counted(1, 6)).message ==
+        "mine: seed 5, offset 0 (reference) vs seed 6, offset 0 (checkpointed)");
+}
+
+TEST_CASE("compare_runs: a gradient neither run gave, and records of other entries, are differences",
+          "[testing][compare]") {
+  const Tensor frozen = randn({2});
+  auto none = [&] { return testing::RunRecord().grad("w", frozen); };
+  const testing::GradientComparison missing = testing::compare_runs(none, none);
+  CHECK_FALSE(missing.equal);
+  CHECK(missing.message == "gradient of w: neither run gave a gradient");
+  // A tensor() entry may be undefined in both runs.
+  auto undefined = [&] { return testing::RunRecord().tensor("gradient of w", frozen.grad()); };
+  CHECK(testing::compare_runs(undefined, undefined).equal);
+
+  auto one = [] { return testing::RunRecord().count("a", 1); };
+  auto other = [] { return testing::RunRecord().count("b", 1); };
+  auto two = [] { return testing::RunRecord().count("a", 1).count("b", 2); };
+  CHECK(testing::compare_runs(one, other).message == "entry 0: 'a' in the reference run, 'b' in the checkpointed one");
+  const testing::GradientComparison longer = testing::compare_runs(one, two);
+  CHECK_FALSE(longer.equal);
+  CHECK(longer.message.find("recorded 1 entries and the checkpointed run 2; the first unmatched is b") !=
+        std::string::npos);
+}

@@ -16,6 +16,7 @@
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
+#include "remat/checkpoint/run_handlers.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
 #include "remat/checkpoint/snapshot.hpp"
 #include "remat/checkpoint/step_log.hpp"
@@ -49,13 +50,10 @@ struct ChainCounts {
 
 namespace detail {
 
-/// Sums the work the ops of its scope report (and passes every output on to outer handlers).
-class FlopCounter final : public OpOutputHook {
+/// Sums the work the ops of its scope report. An observer: a segment nested in the step still counts.
+class FlopCounter final : public Observer {
  public:
-  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
-    total += out.flops;
-    OpOutputHook::produced(out, values);
-  }
+  void op(const OpOutput& out, const OpValues&) override { total += out.flops; }
   double total = 0;
 };
 
@@ -68,8 +66,9 @@ inline std::pair<Tensor, std::size_t> measure_record(const ChainStep& f, const T
   std::size_t held = 0;
   {
     FlopCounter counter;
-    SegmentReadsObserver observer(reads);
-    CompactRecorder recorder(leaf.storage().get());  // innermost, as the executor installs it
+    RunHandlers handlers;  // as the executor installs them
+    handlers.reads(reads);
+    const CompactRecorder& recorder = handlers.recorder(leaf.storage().get());
     y = f(leaf);
     c.compute = counter.total;
     const CompactRecorder::Notes notes = recorder.notes();
@@ -122,7 +121,7 @@ std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
     c.reads_input = leaf.storage()->saved_refs() > input_refs;
     c.saves_output = y.defined() && y.storage() != leaf.storage() && y.storage()->saved_refs() > 0;
     if (y.requires_grad()) {
-      ScopedValue<bool> dry_run(detail::discard_leaf_grads(), true);
+      detail::Install<&detail::Session::discard_leaf_grads> dry_run(true);
       y.backward(ones(y.shape()));
     }
     c.activation_bytes = scope.peak_saved_bytes() - before;
@@ -167,43 +166,55 @@ struct ChainRun {
   ChainSteps steps;
   Plan plan;
   std::string name;           // "chain[policy]", in errors
+  // The modes the run was made under (ReplayModes at construction), fixed for its life.
   bool check_values = false;  // compare replayed values too (CheckpointChecking), not just shapes
-  StateRuns rng;                      // each step's default-generator state at its first execution
-  std::map<std::size_t, DrawnGenerators> other_rng;  // the steps that drew from other generators too
-  EqualRuns<Shape> out_shapes;        // each step's output shape at its first execution
-  std::vector<std::uint64_t> out_hashes;  // and its values' hash, when check_values
-  // Early stop for recorded steps whose output only feeds their own reversal: each step's last
-  // needed op output, learnt at its first execution; and what the steps read from outside.
-  bool early_stop = true;
-  bool debug = false;                          // CheckpointDebug: each step's op trace, first execution
-  std::vector<std::vector<TracedOp>> traces;
-  EqualRuns<std::ptrdiff_t> last_needed;
-  EqualRuns<std::uint64_t> op_hashes;  // each step's op sequence, hashed: a compact rebuild is checked against it
-  SegmentReads outside_reads;
-  std::unordered_set<std::uint64_t> outside_seen;
-  // Steps recorded in forward are held by what their backward reads (compact_records.hpp), when
-  // early stop's assumption is allowed; their graphs are rebuilt as they are reversed.
-  bool compact = true;
-  CompactRecords compact_records;
+  bool early_stop = true;     // stop replays of steps whose output feeds only their own reversal
+  bool debug = false;         // CheckpointDebug: each step's op trace, first execution
+  bool compact = true;        // hold steps recorded in forward by what their backward reads
+
+  /// What each step's first execution noted, by step: valid for the steps run so far, and what
+  /// every later execution (a replay) is set up from and checked against.
+  struct FirstRuns {
+    StateRuns rng;                                     // the default generator's state
+    std::map<std::size_t, DrawnGenerators> other_rng;  // the steps that drew from other generators too
+    EqualRuns<Shape> out_shapes;                       // the output's shape
+    std::vector<std::uint64_t> out_hashes;             // and its values' hash, when check_values
+    EqualRuns<std::ptrdiff_t> last_needed;             // the last op output its backward reads (early stop)
+    EqualRuns<std::uint64_t> op_hashes;                // its op sequence, hashed: a compact rebuild is checked
+    std::vector<std::vector<TracedOp>> traces;         // its op trace, under debug
+    SegmentReads outside_reads;                        // what the steps read from outside the chain
+    std::unordered_set<std::uint64_t> outside_seen;
+  } first;
+
+  /// Where the forward is: the step next to run and its input.
   std::int64_t position = 0;
   Tensor current;
   Shape input_shape;
   // The chain input's autograd identity (null when it needs no gradient): step 0 is recorded on
   // it, so its gradient arrives in the order, and so to the bits, it would without the chain.
   std::shared_ptr<AutogradMeta<float>> input_meta;
-  std::map<std::int64_t, std::unique_ptr<Snapshot>> kept;
+
+  /// What the run holds between actions: snapshots, recorded steps (their graphs) and the steps
+  /// held compactly (compact_records.hpp), rebuilt as they are reversed.
   struct Recorded {
     std::unique_ptr<RecordedRun> run;
     Tensor input, output;
     bool in_forward = false;  // recorded during forward (kept across backward calls under retain_graph)
   };
-  std::map<std::int64_t, Recorded> recorded;
+  struct Held {
+    std::map<std::int64_t, std::unique_ptr<Snapshot>> kept;
+    std::map<std::int64_t, Recorded> recorded;
+    CompactRecords compact_records;
+    std::set<std::int64_t> forward_snapshots;  // the snapshots taken during forward
+  } held;
+
+  /// The backward in progress.
   Tensor grad;  // gradient of x_{next reversed + 1}; undefined when none arrived
   // Under retain_graph the backward leaves the end-of-forward state as it found it: the snapshots
   // taken and the steps recorded during forward are neither freed nor consumed, so the next
   // backward runs the same actions again.
   bool retaining = false;
-  std::set<std::int64_t> forward_snapshots;
+
   ChainCounts counts;
   std::shared_ptr<ChainCounts> report;  // where the caller reads the counts
 
@@ -216,8 +227,8 @@ struct ChainRun {
   Tensor run_step(std::int64_t i, const Tensor& x, bool output_unused = false, CompactRecorder::Notes* notes = nullptr,
                   const CompactRecords::Step* rebuild = nullptr) {
     const auto k = static_cast<std::size_t>(i);
-    if (k == rng.size()) {
-      rng.push_back(default_generator().state());
+    if (k == first.rng.size()) {
+      first.rng.push_back(default_generator().state());
       SegmentReads reads;
       Tensor y;
       {
@@ -230,43 +241,42 @@ struct ChainRun {
           in = x.detach();
           in.requires_grad_();
         }
-        SegmentReadsObserver observer(reads);
-        std::optional<OpTrace> trace;
-        if (debug) trace.emplace(traces.emplace_back());
-        std::optional<CompactRecorder> recorder;  // innermost: it sees every save, the observer only some
-        if (notes) recorder.emplace(x.storage().get());
+        RunHandlers handlers;
+        handlers.reads(reads);
+        const CompactRecorder* recorder = notes ? &handlers.recorder(x.storage().get()) : nullptr;
+        if (debug) handlers.trace(first.traces.emplace_back());
         y = steps[k](in);
         if (recorder) *notes = recorder->notes();
-        if (!others.empty()) other_rng.emplace(k, std::move(others));
+        if (!others.empty()) first.other_rng.emplace(k, std::move(others));
       }
-      last_needed.push_back(reads.last_needed);
-      op_hashes.push_back(reads.ops);
+      first.last_needed.push_back(reads.last_needed);
+      first.op_hashes.push_back(reads.ops);
       // The step's input is the chain's own state, not a tensor from outside it.
       for (SegmentReads::Outside& o : reads.outside)
-        if (const auto s = o.storage.lock(); s && s != x.storage() && outside_seen.insert(s->serial()).second)
-          outside_reads.outside.push_back(std::move(o));
-      out_shapes.push_back(y.shape());
-      if (check_values) out_hashes.push_back(fingerprint(y));
+        if (const auto s = o.storage.lock(); s && s != x.storage() && first.outside_seen.insert(s->serial()).second)
+          first.outside_reads.outside.push_back(std::move(o));
+      first.out_shapes.push_back(y.shape());
+      if (check_values) first.out_hashes.push_back(fingerprint(y));
       return y;
     }
     std::vector<TracedOp> replay_trace;
     // Under debug, a mismatch also says where the step's replay first departed from its forward.
     auto mismatch = [&](std::string what) {
-      if (debug) what += "\n  " + trace_difference(traces[k], replay_trace);
+      if (debug) what += "\n  " + trace_difference(first.traces[k], replay_trace);
       return CheckpointError(what);
     };
     Tensor y;
     TimelineSpan span("replay", [&] { return fmt::format("{} step {}", rebuild ? "rebuild" : "replay", i); });
     ReplayNotice notice({"chain", name.c_str(), i});
     try {
-      const auto others = other_rng.find(k);
-      y = as_replay(rng[k], others == other_rng.end() ? nullptr : &others->second, [&] {
-        std::optional<ReplaySkipper> skipper;
-        if (output_unused && early_stop && !rebuild) skipper.emplace(last_needed[k]);
-        std::optional<OpTrace> trace;
-        if (debug) trace.emplace(replay_trace);
-        std::optional<CompactRebuilder> rebuilder;
-        if (rebuild) rebuilder.emplace(*rebuild, op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()));
+      const auto others = first.other_rng.find(k);
+      y = as_replay(first.rng[k], others == first.other_rng.end() ? nullptr : &others->second, [&] {
+        RunHandlers handlers;
+        const CompactRebuilder* rebuilder =
+            rebuild ? &handlers.rebuilder(*rebuild, first.op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()))
+                    : nullptr;
+        if (output_unused && early_stop && !rebuild) handlers.skipper(first.last_needed[k]);
+        if (debug) handlers.trace(replay_trace);
         Tensor out = steps[k](x);
         if (rebuilder) rebuilder->finish();
         return out;
@@ -274,14 +284,10 @@ struct ChainRun {
     } catch (const CheckpointError& e) {
       throw mismatch(e.what());
     }
-    if (y.shape() != out_shapes[k])
-      throw mismatch(fmt::format("{}: step {} of {} produced shape {} when replayed, but {} in forward; a step must "
-                                 "compute the same thing every time it runs", name, i, steps.size(), y.shape(),
-                                 out_shapes[k]));
-    if (check_values && fingerprint(y) != out_hashes[k])
-      throw mismatch(fmt::format("{}: step {} of {} produced different values (shape {}) when replayed than in "
-                                 "forward; it depends on state that changed in between", name, i, steps.size(),
-                                 y.shape()));
+    FirstRunOutput expected{true, first.out_shapes[k], dtype_name<float>(), std::nullopt};
+    if (check_values) expected.hash = first.out_hashes[k];
+    if (std::string d = replay_difference(fmt::format("{}: step {} of {}", name, i, steps.size()), y, expected); !d.empty())
+      throw mismatch(d);
     return y;
   }
 
@@ -290,12 +296,12 @@ struct ChainRun {
   static Tensor finish(const std::shared_ptr<ChainRun>& run, const Tensor& x, std::string node_name) {
     Tensor out = run->current;
     bool any_grad = false;
-    for (auto& [i, r] : run->recorded) any_grad = any_grad || r.output.requires_grad();
-    any_grad = any_grad || run->compact_records.any_requires_grad();
+    for (auto& [i, r] : run->held.recorded) any_grad = any_grad || r.output.requires_grad();
+    any_grad = any_grad || run->held.compact_records.any_requires_grad();
     if (!any_grad || !is_grad_enabled()) return out;
     // The snapshots kept in forward are held by the run; the node saves nothing of its own.
     record<float>(std::move(node_name), {x}, {&out}, {}, [run](BackwardContext<float>& ctx) {
-      run->outside_reads.check_versions(run->name);
+      run->first.outside_reads.check_versions(run->name);
       run->grad = copy_of(ctx.grad_output());
       run->retaining = ctx.retain_graph();
       try {
@@ -303,16 +309,16 @@ struct ChainRun {
       } catch (...) {
         // A failed reversal cannot be resumed: drop what the run holds now — its files on disk
         // included — rather than when the tape next drops this node.
-        run->kept.clear();
-        run->recorded.clear();
-        run->compact_records.clear();
+        run->held.kept.clear();
+        run->held.recorded.clear();
+        run->held.compact_records.clear();
         throw;
       }
       if (run->report) *run->report = run->counts;
       if (!run->retaining) {
-        run->kept.clear();
-        run->recorded.clear();
-        run->compact_records.clear();
+        run->held.kept.clear();
+        run->held.recorded.clear();
+        run->held.compact_records.clear();
       }
     });
     return out;
@@ -366,24 +372,24 @@ struct ChainRun {
         break;
       }
       case K::snapshot:
-        if (forward) forward_snapshots.insert(i);
+        if (forward) held.forward_snapshots.insert(i);
         if (act.disk) {
           REMAT_CHECK(!plan.disk_directory.empty(), "{}: the schedule keeps x_{} on disk, but its policy names no "
                       "directory", name, i);
-          kept[i] = std::make_unique<DiskSnapshot>(current, plan.disk_directory, i);
+          held.kept[i] = std::make_unique<DiskSnapshot>(current, plan.disk_directory, i);
           ++counts.disk_writes;
         } else {
-          kept[i] = std::make_unique<MemorySnapshot>(current);
+          held.kept[i] = std::make_unique<MemorySnapshot>(current);
         }
-        counts.peak_snapshots = std::max<std::int64_t>(counts.peak_snapshots, static_cast<std::int64_t>(kept.size()));
+        counts.peak_snapshots = std::max<std::int64_t>(counts.peak_snapshots, static_cast<std::int64_t>(held.kept.size()));
         break;
       case K::restore:
-        current = kept.at(i)->load();
+        current = held.kept.at(i)->load();
         position = i;
         break;
       case K::free:
-        if (forward) forward_snapshots.erase(i);  // an online chain frees as it goes: the set stays at s
-        if (!(retaining && forward_snapshots.count(i))) kept.erase(i);
+        if (forward) held.forward_snapshots.erase(i);  // an online chain frees as it goes: the set stays at s
+        if (!(retaining && held.forward_snapshots.count(i))) held.kept.erase(i);
         break;
       case K::record: {
         Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor(), forward};
@@ -397,24 +403,24 @@ struct ChainRun {
         r.output = r.run->record([&] { return run_step(i, r.input, unused, notes ? &*notes : nullptr); });
         current = r.output.detach();
         if (notes && notes->complete) {
-          compact_records.add(i, std::move(*notes), r.input.storage(), r.input.storage()->version(),
+          held.compact_records.add(i, std::move(*notes), r.input.storage(), r.input.storage()->version(),
                               r.output.requires_grad());
         } else {
-          recorded[i] = std::move(r);
+          held.recorded[i] = std::move(r);
         }
         ++position;
         ++counts.records;
         break;
       }
       case K::reverse: {
-        if (!recorded.count(i)) rebuild(i);
-        Recorded& r = recorded.at(i);
+        if (!held.recorded.count(i)) rebuild(i);
+        Recorded& r = held.recorded.at(i);
         const bool keep = retaining && r.in_forward;
         if (i > 0) r.input.zero_grad();  // a retained step's input still holds the last backward's gradient
         r.run->backward({&r.output}, {grad}, keep);  // a step that returned its input passes grad straight through
         grad = i > 0 ? r.input.grad() : Tensor();  // step 0 delivered into the chain input directly
-        if (!keep) recorded.erase(i);
-        if (!retaining && compact_records.has(i)) compact_records.drop(i);
+        if (!keep) held.recorded.erase(i);
+        if (!retaining && held.compact_records.has(i)) held.compact_records.drop(i);
         break;
       }
     }
@@ -422,30 +428,30 @@ struct ChainRun {
 
   /// Rebuilds the graph of compactly held step i, computing nothing (compact_records.hpp).
   void rebuild(std::int64_t i) {
-    const CompactRecords::Step held = compact_records.get(i);
-    const Shape& shape = i > 0 ? out_shapes[static_cast<std::size_t>(i - 1)] : input_shape;
+    const CompactRecords::Step step = held.compact_records.get(i);
+    const Shape& shape = i > 0 ? first.out_shapes[static_cast<std::size_t>(i - 1)] : input_shape;
     Tensor input;
-    if (held.input) {
-      if (static_cast<std::uint32_t>(held.input->storage->version()) != held.input->version)
+    if (step.input) {
+      if (static_cast<std::uint32_t>(step.input->storage->version()) != step.input->version)
         throw CheckpointError(modified_in_place(name, fmt::format("x_{} (shape {}), which step {}", i, shape, i),
-                                                static_cast<std::uint32_t>(held.input->storage->version()),
-                                                held.input->version));
-      input = Tensor(held.input->storage, shape);
+                                                static_cast<std::uint32_t>(step.input->storage->version()),
+                                                step.input->version));
+      input = Tensor(step.input->storage, shape);
     } else {
       input = unread_tensor<float>(shape);  // its backward reads nothing of it
     }
     Recorded r{std::make_unique<RecordedRun>(), input, Tensor(), false};
     if (i > 0) r.input.requires_grad_();
     else if (input_meta) r.input.set_meta(input_meta);
-    r.output = r.run->record([&] { return run_step(i, r.input, true, nullptr, &held); });
-    recorded[i] = std::move(r);
+    r.output = r.run->record([&] { return run_step(i, r.input, true, nullptr, &step); });
+    held.recorded[i] = std::move(r);
     ++counts.rebuilt;
   }
 
   /// Forgets step i's recording, full or compact (it will be recorded again when reversed).
   void drop_record(std::int64_t i) {
-    recorded.erase(i);
-    if (compact_records.has(i)) compact_records.drop(i);
+    held.recorded.erase(i);
+    if (held.compact_records.has(i)) held.compact_records.drop(i);
   }
 };
 
@@ -458,7 +464,7 @@ inline Tensor run_chain(ChainSteps steps, const Tensor& x, const Policy& policy,
   const auto L = static_cast<std::int64_t>(steps.size());
   // Without grad, or inside a checkpointed segment's forward (which records nothing and replays
   // us for real in its backward), the steps simply run.
-  if (!is_grad_enabled() || !autograd_state().recording) {
+  if (!is_grad_enabled() || !session().recording) {
     // The chain that such a replay records keeps x as its first snapshot.
     if (is_grad_enabled()) report_saved_for_backward({x});
     Tensor h = x;

@@ -26,6 +26,7 @@
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
+#include "remat/checkpoint/run_handlers.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
 #include "remat/checkpoint/selective.hpp"
 #include "remat/checkpoint/trace.hpp"
@@ -50,14 +51,6 @@ struct CheckpointOptions {
 };
 
 namespace detail {
-
-/// One tensor of a segment's result, as the forward made it.
-struct SegmentOutput {
-  bool defined = false;
-  Shape shape;
-  const char* dtype = nullptr;
-  std::uint64_t hash = 0;  // under check_values
-};
 
 /// Where a tensor found in the arguments went: its index among the node's saved tensors, and
 /// among the node's (float) inputs when it can receive a gradient; -1 for none.
@@ -88,7 +81,7 @@ struct Segment {
   Generator::State rng;                   // the default generator's at the start
   DrawnGenerators other_rng;              // every other generator the forward drew from
   std::vector<ArgumentSlot> arg_slots;   // one per tensor in the arguments, in for_each_tensor order
-  std::vector<SegmentOutput> outputs;    // one per tensor in the result, in for_each_tensor order
+  std::vector<FirstRunOutput> outputs;    // one per tensor in the result, in for_each_tensor order
   std::vector<std::size_t> node_outputs; // which of those are the node's outputs
   std::size_t kept_first = 0;            // selective outputs are saved from here on
   std::size_t kept = 0;
@@ -99,18 +92,16 @@ struct Segment {
   std::string who() const { return fmt::format("checkpoint '{}'", options.name); }
 
   /// Runs fn with recording off (requires_grad still flows), noting the generators it draws from,
-  /// what it reads from outside, and the outputs selective saving keeps (into `kept`). The trace and
-  /// the reads observer are installed first, so they see every op output before the selective
-  /// handler, which passes none outward.
+  /// what it reads from outside, and the outputs selective saving keeps (into `kept`).
   R run_forward(const Args&... call_args, std::vector<SavedTensor>& kept) {
     rng = default_generator().state();
     auto not_recording = scoped_recording(false);
     RecordDraws draws(other_rng);
-    SelectiveHook hook(options.save ? SelectiveHook::Mode::stash : SelectiveHook::Mode::off, options.save, kept_ops,
+    RunHandlers handlers;
+    handlers.selective(options.save ? SelectiveHook::Mode::stash : SelectiveHook::Mode::off, options.save, kept_ops,
                        kept, options.name);
-    SegmentReadsObserver observer(reads);
-    std::optional<OpTrace> tracer;
-    if (debug) tracer.emplace(trace);
+    handlers.reads(reads);
+    if (debug) handlers.trace(trace);
     return R(std::invoke(fn, call_args...));
   }
 
@@ -141,12 +132,8 @@ struct Segment {
   std::vector<Tensor*> note_outputs(R& result) {
     std::vector<Tensor*> out;
     for_each_tensor(result, [&](auto& t) {
-      SegmentOutput o;
-      o.defined = t.defined();
+      FirstRunOutput o = FirstRunOutput::of(t, check_values);
       if (o.defined) {
-        o.shape = t.shape();
-        o.dtype = t.dtype();
-        if (check_values) o.hash = fingerprint(t);
         if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
           if (t.requires_grad()) {
             node_outputs.push_back(outputs.size());
@@ -180,10 +167,11 @@ struct Segment {
       TimelineSpan span("replay", [&] { return "replay " + options.name; });
       ReplayNotice notice({"checkpoint", options.name.c_str()});
       as_replay(rng, &other_rng, [&] {
-        SelectiveHook hook(SelectiveHook::Mode::reuse, options.save, kept_ops, kept_outputs, options.name);
-        ReplaySkipper skipper(reads.last_needed, early_stop);
-        std::optional<OpTrace> tracer;
-        if (debug) tracer.emplace(replay_trace);
+        RunHandlers handlers;
+        SelectiveHook& hook =
+            handlers.selective(SelectiveHook::Mode::reuse, options.save, kept_ops, kept_outputs, options.name);
+        handlers.skipper(reads.last_needed, early_stop);
+        if (debug) handlers.trace(replay_trace);
         auto call_args = replay_args(ctx);
         replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(fn, a...)); }, call_args));
         hook.check_all_used();
@@ -202,18 +190,8 @@ struct Segment {
       if (i >= outputs.size())
         throw CheckpointError(fmt::format("{}: the replay returned more tensors than the forward's {}", name,
                                           outputs.size()));
-      const SegmentOutput& o = outputs[i];
-      const bool same = t.defined() == o.defined && (!o.defined || (t.shape() == o.shape && std::strcmp(t.dtype(), o.dtype) == 0));
-      if (!same)
-        throw CheckpointError(fmt::format(
-            "{}: replay produced output {} as {}, but the forward produced {}; the segment must compute the same "
-            "thing when replayed (no dependence on state it changes)", name, i,
-            t.defined() ? fmt::format("shape {} ({})", t.shape(), t.dtype()) : std::string("undefined"),
-            o.defined ? fmt::format("shape {} ({})", o.shape, o.dtype) : std::string("undefined")));
-      if (check_values && o.defined && fingerprint(t) != o.hash)
-        throw CheckpointError(fmt::format(
-            "{}: replay produced different values for output {} (shape {}) than the forward did; the segment "
-            "depends on state that changed between forward and backward", name, i, o.shape));
+      if (std::string d = replay_difference(fmt::format("{}: output {}", name, i), t, outputs[i]); !d.empty())
+        throw CheckpointError(d);
       if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) all.push_back(&t);
       else all.push_back(nullptr);
       ++i;
@@ -275,7 +253,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   using Seg = detail::Segment<R, Fn, Args...>;
   if (!is_grad_enabled()) return R(std::invoke(fn, args...));  // nothing to save for
 
-  const bool recording = detail::autograd_state().recording;  // false inside an enclosing segment's forward
+  const bool recording = detail::session().recording;  // false inside an enclosing segment's forward
   auto segment = std::make_shared<Seg>(Fn(std::forward<F>(fn)), std::tuple<std::decay_t<Args>...>(args...),
                                        std::move(options));
   Seg& seg = *segment;

@@ -15,25 +15,12 @@
 #include <vector>
 
 #include "remat/core/op_output.hpp"
-#include "remat/core/scoped.hpp"
+#include "remat/core/session.hpp"
 
 namespace remat {
 namespace detail {
 
-inline bool& checkpoint_early_stop_flag() {
-  thread_local bool on = true;
-  return on;
-}
-
-/// Replays skipped by early stop on this thread, for tests and benchmarks.
-struct EarlyStopStats {
-  std::size_t ops = 0;
-  double flops = 0;
-};
-inline EarlyStopStats& early_stop_stats() {
-  thread_local EarlyStopStats stats;
-  return stats;
-}
+inline EarlyStopStats& early_stop_stats() { return session().early_stop_stats; }
 
 /// Installed for a replay: from op output position last_needed + 1 on, ops skip their compute.
 class ReplaySkipper final : public OpOutputHook {
@@ -81,10 +68,10 @@ class ComputeAll final : public OpOutputHook {
 class CheckpointEarlyStop {
  public:
   /// on: stop replays early (the default); off: replay every op.
-  explicit CheckpointEarlyStop(bool on) : guard_(detail::checkpoint_early_stop_flag(), on) {}
+  explicit CheckpointEarlyStop(bool on) : guard_(on) {}
 
  private:
-  ScopedValue<bool> guard_;
+  detail::Install<&detail::Session::early_stop> guard_;
 };
 
 /// Op outputs skipped by early stop on this thread since the start (count and their flops).

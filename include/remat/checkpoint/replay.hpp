@@ -17,7 +17,9 @@
 // Because random ops draw from the restored generator state and every CPU kernel is
 // deterministic, a replay recomputes the forward's values bit for bit.
 
+#include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -29,18 +31,6 @@
 
 namespace remat::detail {
 
-/// Whether replays are also checked value by value (CheckpointChecking), not only by shape.
-inline bool& checkpoint_checking_flag() {
-  thread_local bool on = false;
-  return on;
-}
-
-/// Whether checkpoints record the op traces of forward and replay (CheckpointDebug).
-inline bool& checkpoint_debug_flag() {
-  thread_local bool on = false;
-  return on;
-}
-
 /// The modes a replayed computation (a checkpoint's segment, a chain's steps) runs under, composed
 /// by one rule from the thread's scopes (CheckpointChecking, CheckpointEarlyStop, CheckpointDebug)
 /// and its own options: checking values needs every output computed, so it turns early stop off.
@@ -51,9 +41,10 @@ struct ReplayModes {
 
   static ReplayModes compose(bool check_values = false, bool early_stop = true, bool debug = false) {
     ReplayModes m;
-    m.check_values = check_values || checkpoint_checking_flag();
-    m.early_stop = early_stop && checkpoint_early_stop_flag() && !m.check_values;
-    m.debug = debug || checkpoint_debug_flag();
+    const Session& s = session();
+    m.check_values = check_values || s.check_replay_values;
+    m.early_stop = early_stop && s.early_stop && !m.check_values;
+    m.debug = debug || s.debug_replay;
     return m;
   }
 };
@@ -63,6 +54,47 @@ struct ReplayModes {
 template <class T>
 std::uint64_t fingerprint(const BasicTensor<T>& t) {
   return fnv1a(t.data(), t.nbytes());
+}
+
+/// One tensor the first run of a replayed computation produced, as its replays must produce it.
+struct FirstRunOutput {
+  bool defined = false;
+  Shape shape;
+  const char* dtype = nullptr;
+  std::optional<std::uint64_t> hash;  ///< under check_values
+
+  template <class T>
+  static FirstRunOutput of(const BasicTensor<T>& t, bool check_values) {
+    FirstRunOutput o;
+    o.defined = t.defined();
+    if (!o.defined) return o;
+    o.shape = t.shape();
+    o.dtype = t.dtype();
+    if (check_values) o.hash = fingerprint(t);
+    return o;
+  }
+};
+
+/// The one rule a replay is checked by, for checkpoint()'s outputs and a chain's steps alike: the
+/// same definedness, shape and element type as the first run, and the same bytes under
+/// check_values. Returns, after `what` ("replay produced output 1"), how `t` differs and why it
+/// matters; empty when it does not differ.
+template <class T>
+std::string replay_difference(const std::string& what, const BasicTensor<T>& t, const FirstRunOutput& first) {
+  auto describe = [](bool defined, const Shape& shape, const char* dtype) {
+    return defined ? fmt::format("shape {} ({})", shape, dtype) : std::string("undefined");
+  };
+  const bool same = t.defined() == first.defined &&
+                    (!first.defined || (t.shape() == first.shape && std::strcmp(t.dtype(), first.dtype) == 0));
+  if (!same)
+    return fmt::format("{} as {} when replayed, but as {} in forward; what is replayed must compute the same thing "
+                       "every time it runs (no dependence on state it changes)", what,
+                       describe(t.defined(), t.defined() ? t.shape() : Shape{}, t.defined() ? t.dtype() : ""),
+                       describe(first.defined, first.shape, first.dtype));
+  if (first.hash && first.defined && fingerprint(t) != *first.hash)
+    return fmt::format("{} with different values (shape {}) when replayed than in forward; it depends on state that "
+                       "changed between forward and backward", what, first.shape);
+  return {};
 }
 
 
@@ -113,10 +145,10 @@ namespace remat {
 class CheckpointChecking {
  public:
   /// on: check values (the default when constructed); off: shapes only.
-  explicit CheckpointChecking(bool on = true) : guard_(detail::checkpoint_checking_flag(), on) {}
+  explicit CheckpointChecking(bool on = true) : guard_(on) {}
 
  private:
-  ScopedValue<bool> guard_;
+  detail::Install<&detail::Session::check_replay_values> guard_;
 };
 
 /// RAII: every checkpoint created while it lives records the op sequence of its forward and of its
@@ -124,10 +156,10 @@ class CheckpointChecking {
 class CheckpointDebug {
  public:
   /// on: trace and compare the op sequences (the default when constructed); off: do not.
-  explicit CheckpointDebug(bool on = true) : guard_(detail::checkpoint_debug_flag(), on) {}
+  explicit CheckpointDebug(bool on = true) : guard_(on) {}
 
  private:
-  ScopedValue<bool> guard_;
+  detail::Install<&detail::Session::debug_replay> guard_;
 };
 
 }  // namespace remat

@@ -101,7 +101,7 @@ struct BudgetLog {
 
 /// A static plan: what to discard at which request for room, taken from one step's log. Replayed by
 /// a MemoryBudget in later steps of the same shape, it makes the same discards without searching.
-struct RematPlan {
+struct DiscardPlan {
   /// Discard output `output` of the op_index-th op at the moment-th request for room.
   struct Discard {
     ///@{
@@ -109,14 +109,17 @@ struct RematPlan {
     std::size_t moment, op_index, output;
     ///@}
   };
+
+/// DiscardPlan's earlier name (it clashed with the chain planner's Plan).
+using RematPlan = DiscardPlan;
   /// The byte limit the plan fits.
   std::size_t budget = 0;
   std::vector<Discard> discards;  ///< in order of moment
 
   /// The plan of a logged step, under its budget — or, for a step that did not fit, under the
   /// least budget its decisions fit (so replaying it is the retry that is sure to succeed).
-  static RematPlan from(const BudgetLog& log) {
-    RematPlan plan;
+  static DiscardPlan from(const BudgetLog& log) {
+    DiscardPlan plan;
     plan.budget = std::max(log.budget, log.least_feasible);
     for (const BudgetEvent& e : log.events)
       if (e.kind == BudgetEvent::Kind::discard) plan.discards.push_back({e.moment, e.op_index, e.output});
@@ -139,7 +142,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     begin_step();
   }
   /// A budget that replays `plan` (from an earlier step's log) instead of searching.
-  explicit MemoryBudget(RematPlan plan) : MemoryBudget(plan.budget) { plan_ = std::move(plan); }
+  explicit MemoryBudget(DiscardPlan plan) : MemoryBudget(plan.budget) { plan_ = std::move(plan); }
 
   ~MemoryBudget() override {
     detail::active_residency() = nullptr;
@@ -173,7 +176,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// The log of the last step that ended with a backward.
   const BudgetLog& last_log() const { return last_log_; }
   /// The last completed step's decisions as a static plan.
-  RematPlan plan() const { return RematPlan::from(last_log_); }
+  DiscardPlan plan() const { return DiscardPlan::from(last_log_); }
   /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
   std::size_t least_feasible_bytes() const { return last_log_.least_feasible; }
 
@@ -245,7 +248,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     if (plan_) {
       while (next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment < moment) ++next_planned_;
       for (; next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment == moment; ++next_planned_) {
-        const RematPlan::Discard& d = plan_->discards[next_planned_];
+        const DiscardPlan::Discard& d = plan_->discards[next_planned_];
         detail::Storage* s = planned(d, incoming);
         if (!s) {
           ++log_.plan_misses;
@@ -268,7 +271,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
         const std::size_t needed = saved + bytes;
         if (!over_)
           first_over_ = fmt::format("first during {}: {} B would be saved with {} B arriving, and nothing left could "
-                                    "be discarded", detail::autograd_state().backward_depth > 0 ? "backward" : "forward",
+                                    "be discarded", detail::session().backward_depth > 0 ? "backward" : "forward",
                                     needed, bytes);
         over_ = true;
         least_ = std::max(least_, needed);
@@ -321,7 +324,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// Register what ops compute for a graph being recorded: the forward, and a replay's nested tape
   /// (not what a backward function computes for its gradients).
   bool registering() const {
-    const detail::AutogradState& st = detail::autograd_state();
+    const detail::Session& st = detail::session();
     return !closing_ && st.grad_enabled && st.recording && (st.backward_depth == 0 || st.replay_depth > 0);
   }
 
@@ -381,7 +384,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     return best;
   }
 
-  detail::Storage* planned(const RematPlan::Discard& d, const detail::Storage* incoming) const {
+  detail::Storage* planned(const DiscardPlan::Discard& d, const detail::Storage* incoming) const {
     if (d.op_index >= by_index_.size()) return nullptr;
     const std::shared_ptr<Recipe> r = by_index_[d.op_index].lock();
     if (!r || d.output >= r->outputs.size()) return nullptr;
@@ -397,7 +400,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
 
   void discard(detail::Storage& s, std::size_t moment) {
     const Entry& e = entries_.at(&s);
-    if (detail::checkpoint_checking_flag())
+    if (detail::session().check_replay_values)
       hashes_[&s] = detail::fnv1a(s.raw_data(), s.bytes());
     log_.events.push_back({BudgetEvent::Kind::discard, moment, e.recipe->index, e.output, e.recipe->op.name(),
                            s.bytes(), flops_to_rebuild(*e.recipe)});
@@ -527,7 +530,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
   std::size_t limit_;      // the budget, raised to least_ after an overflow
   std::thread::id owner_;
-  std::optional<RematPlan> plan_;
+  std::optional<DiscardPlan> plan_;
   std::size_t next_planned_ = 0;
   std::unordered_map<const detail::Storage*, Entry> entries_;
   std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "remat/checkpoint/replay.hpp"
+#include "remat/schedule/schedule.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -44,19 +45,6 @@ class MemorySnapshot final : public Snapshot {
  private:
   Tensor tensor_;
 };
-
-/// `directory` made absolute against the working directory now, so that a chdir later (between
-/// a chain's forward and its backward, say) does not move the files it names.
-inline std::string absolute_directory(const std::string& directory) {
-  if (directory.empty() || directory.front() == '/') return directory;
-  std::vector<char> cwd(4096);
-  while (::getcwd(cwd.data(), cwd.size()) == nullptr) {
-    REMAT_CHECK(errno == ERANGE, "chain snapshot: cannot make the directory '{}' absolute: the working directory is "
-                "unknown ({})", directory, std::strerror(errno));
-    cwd.resize(cwd.size() * 2);
-  }
-  return std::string(cwd.data()) + "/" + directory;
-}
 
 /// Reads up to `size` bytes (fewer only at the end of the file); an error names the file and the
 /// OS's reason.

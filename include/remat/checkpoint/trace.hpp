@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "remat/core/observer.hpp"
 #include "remat/core/op_output.hpp"
 
 namespace remat::detail {
@@ -23,13 +24,13 @@ inline std::string describe(const TracedOp& t) {
   return fmt::format("'{}' -> {}", t.op.name(), fmt::join(t.shapes, ", "));
 }
 
-/// Appends every op output of its scope to a trace (and passes it on).
-class OpTrace final : public OpOutputHook {
+/// Appends every op of its scope to a trace. An observer: it hears every op whatever the handlers
+/// decide (a nested segment's forward too), so forward and replay traces cover the same ops.
+class DebugOpTrace final : public Observer {
  public:
-  explicit OpTrace(std::vector<TracedOp>& into) : into_(into) {}
-  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
+  explicit DebugOpTrace(std::vector<TracedOp>& into) : into_(into) {}
+  void op(const OpOutput& out, const OpValues&) override {
     into_.push_back({out.op, std::vector<Shape>(out.shapes, out.shapes + out.count)});
-    OpOutputHook::produced(out, values);
   }
 
  private:

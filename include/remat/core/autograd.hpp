@@ -1,8 +1,8 @@
 #pragma once
-// The thread's autograd state and the entry points over it: grad mode (no_grad, enable_grad), the
-// stack of current tapes (TapeGuard), the replay flag, record() that ops call to put a node on the
-// current tape, and Tensor::backward(). Tapes, generators and hooks are per thread: two threads
-// training independent models never see each other's state.
+// The autograd entry points over the thread's session (core/session.hpp): grad mode (no_grad,
+// enable_grad), the stack of current tapes (TapeGuard), the replay flag, record() that ops call to
+// put a node on the current tape, and Tensor::backward(). Tapes, generators and hooks are per
+// thread: two threads training independent models never see each other's state.
 
 #include <cstdint>
 #include <memory>
@@ -16,32 +16,27 @@
 #include "remat/core/observer.hpp"
 #include "remat/core/op_output.hpp"
 #include "remat/core/saved_tensor_hooks.hpp"
-#include "remat/core/scoped.hpp"
+#include "remat/core/session.hpp"
 #include "remat/core/tape.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat {
 namespace detail {
 
-struct AutogradState {
-  bool grad_enabled = true;
-  bool recording = true;  ///< false inside a checkpointed forward: requires_grad flows, no nodes
-  int replay_depth = 0;   ///< > 0 while a checkpoint replays a segment's forward
-  int backward_depth = 0; ///< > 0 inside Tensor::backward (nested: a planner's dry run)
-  std::uint64_t next_node_id = 1;
-  Tape root;
-  std::vector<Tape*> tapes{&root};
-};
-
-inline AutogradState& autograd_state() {
-  thread_local AutogradState state;
-  return state;
+/// This thread's current tapes, innermost last; the first is its root tape, made at first use.
+inline std::vector<Tape*>& tape_stack() {
+  Session& s = session();
+  if (s.tapes.empty()) {
+    s.root_tape = std::make_shared<Tape>();
+    s.tapes.push_back(s.root_tape.get());
+  }
+  return s.tapes;
 }
 
 /// Whether an op with these inputs must produce a tensor that requires grad.
 template <class T, class... Rest>
 bool grad_needed(const BasicTensor<T>& x, const Rest&... rest) {
-  if (!autograd_state().grad_enabled) return false;
+  if (!session().grad_enabled) return false;
   return x.requires_grad() || (rest.requires_grad() || ...);
 }
 
@@ -49,17 +44,16 @@ bool grad_needed(const BasicTensor<T>& x, const Rest&... rest) {
 /// Saved-tensor hooks run so: the ops they call are not the model's.
 template <class F>
 decltype(auto) outside_graph(F&& f) {
-  ScopedValue<bool> no_grad(autograd_state().grad_enabled, false);
+  Install<&Session::grad_enabled> no_grad(false);
   OpOutputHook::Suspended no_handlers;
   QuietObservers no_observers;
-  SavedTensorHooksStack& hooks = saved_tensor_hooks();
-  ScopedValue<int> no_hooks(hooks.disabled, hooks.disabled + 1);
+  Install<&Session::saved_tensor_hooks_off> no_hooks(session().saved_tensor_hooks_off + 1);
   return std::forward<F>(f)();
 }
 
 /// Hands each tensor in `saved` to the thread's innermost saved-tensor hooks, if any are in force.
 inline void pack_saved(std::vector<SavedTensor>& saved) {
-  const auto* active = saved_tensor_hooks().active();
+  const auto* active = active_saved_tensor_hooks();
   if (!active) return;
   const std::shared_ptr<const SavedTensorHooks::Pair> pair = *active;
   for (SavedTensor& s : saved) {
@@ -76,7 +70,7 @@ inline void pack_saved(std::vector<SavedTensor>& saved) {
 template <class T>
 void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
             const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn) {
-  AutogradState& state = autograd_state();
+  Session& state = session();
   for (BasicTensor<T>* y : outputs) {
     auto meta = std::make_shared<AutogradMeta<T>>();
     meta->requires_grad = true;
@@ -87,7 +81,7 @@ void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
   pack_saved(saved);
   const std::uint64_t id = state.next_node_id++;
   for (BasicTensor<T>* y : outputs) y->meta()->node_id = id;
-  state.tapes.back()->push(
+  tape_stack().back()->push(
       std::make_unique<TypedNode<T>>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
 }
 
@@ -99,7 +93,7 @@ void record(OpId op, const std::vector<BasicTensor<T>>& inputs, const std::vecto
 
 /// The tape holding node `id` among the thread's live tapes, innermost first.
 inline std::pair<Tape*, std::ptrdiff_t> locate_node(std::uint64_t id) {
-  auto& tapes = autograd_state().tapes;
+  auto& tapes = tape_stack();
   for (auto it = tapes.rbegin(); it != tapes.rend(); ++it)
     if (std::ptrdiff_t i = (*it)->find(id); i >= 0) return {*it, i};
   return {nullptr, -1};
@@ -108,49 +102,55 @@ inline std::pair<Tape*, std::ptrdiff_t> locate_node(std::uint64_t id) {
 }  // namespace detail
 
 /// The tape ops record into now.
-inline Tape& current_tape() { return *detail::autograd_state().tapes.back(); }
+inline Tape& current_tape() { return *detail::tape_stack().back(); }
 
 /// Makes `tape` the current tape for the guard's lifetime (nested tapes are how replay works).
 class TapeGuard {
  public:
   /// Pushes `tape` as the current tape (popped by the destructor).
-  explicit TapeGuard(Tape& tape) { detail::autograd_state().tapes.push_back(&tape); }
-  ~TapeGuard() { detail::autograd_state().tapes.pop_back(); }
-  TapeGuard(const TapeGuard&) = delete;
-  TapeGuard& operator=(const TapeGuard&) = delete;
+  explicit TapeGuard(Tape& tape) : installed_(above_root(tape)) {}
+
+ private:
+  static Tape* above_root(Tape& tape) {
+    detail::tape_stack();  // the root tape exists below every pushed one
+    return &tape;
+  }
+  detail::Install<&detail::Session::tapes> installed_;
 };
 
 /// Whether ops record nodes for backward now: false inside no_grad, unless an enable_grad is nested in it.
-inline bool is_grad_enabled() { return detail::autograd_state().grad_enabled; }
+inline bool is_grad_enabled() { return detail::session().grad_enabled; }
 
 /// True while a checkpoint replays a segment's forward during backward. Code with side effects
 /// (counters, logging, running statistics, caches) checks it so that replay does not repeat them.
-inline bool is_replaying() { return detail::autograd_state().replay_depth > 0; }
+inline bool is_replaying() { return detail::session().replay_depth > 0; }
 
 /// RAII: no op records a node or produces a tensor that requires grad while it lives.
 class no_grad {
  public:
-  no_grad() : guard_(detail::autograd_state().grad_enabled, false) {}
+  no_grad() : guard_(false) {}
 
  private:
-  ScopedValue<bool> guard_;
+  detail::Install<&detail::Session::grad_enabled> guard_;
 };
 
 /// RAII: turns gradient recording back on inside a no_grad region.
 class enable_grad {
  public:
-  enable_grad() : guard_(detail::autograd_state().grad_enabled, true) {}
+  enable_grad() : guard_(true) {}
 
  private:
-  ScopedValue<bool> guard_;
+  detail::Install<&detail::Session::grad_enabled> guard_;
 };
 
 namespace detail {
 
 /// RAII: ops record nodes (on) or only propagate requires_grad (off) while it lives.
-inline ScopedValue<bool> scoped_recording(bool on) { return {autograd_state().recording, on}; }
+inline Install<&Session::recording> scoped_recording(bool on) { return Install<&Session::recording>(on); }
 /// RAII: is_replaying() is true while it lives.
-inline ScopedValue<int> scoped_replay() { return {autograd_state().replay_depth, autograd_state().replay_depth + 1}; }
+inline Install<&Session::replay_depth> scoped_replay() {
+  return Install<&Session::replay_depth>(session().replay_depth + 1);
+}
 
 }  // namespace detail
 
@@ -182,9 +182,8 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
                 "it twice", shape_);
   }
   // Observers hear whether a backward is the outermost (a dry run inside one is not an end).
-  detail::AutogradState& state = detail::autograd_state();
-  const bool outermost = state.backward_depth == 0;
-  ScopedValue<int> depth(state.backward_depth, state.backward_depth + 1);
+  const bool outermost = detail::session().backward_depth == 0;
+  detail::Install<&detail::Session::backward_depth> depth(detail::session().backward_depth + 1);
   detail::notify([&](Observer& o) { o.backward_begin(outermost); });
   try {
     detail::accumulate_grad(*meta_, std::move(seed));

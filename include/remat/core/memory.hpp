@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/session.hpp"
 #include "remat/core/timeline.hpp"
 
 namespace remat {
@@ -270,7 +271,8 @@ class ThreadSavedBooks {
 
 /// This thread's books of saved bytes.
 inline const std::shared_ptr<ThreadSavedBooks>& thread_saved_books() {
-  thread_local const std::shared_ptr<ThreadSavedBooks> books = std::make_shared<ThreadSavedBooks>();
+  std::shared_ptr<ThreadSavedBooks>& books = session().saved_books;
+  if (!books) books = std::make_shared<ThreadSavedBooks>();
   return books;
 }
 
@@ -296,10 +298,7 @@ class Residency {
 };
 
 /// The residency whose budget governs this thread's saved bytes, or null.
-inline Residency*& active_residency() {
-  thread_local Residency* active = nullptr;
-  return active;
-}
+inline Residency*& active_residency() { return session().residency; }
 
 /// The bytes behind one or more tensors (reshape shares it). `version` counts in-place writes so a
 /// tensor saved for backward and modified afterwards is an error, not a wrong gradient; `saved_refs`

@@ -81,16 +81,9 @@ class Node {
   bool released_ = false;
 };
 
-/// While set, gradients reaching leaves are dropped: a backward run only to measure memory (a
-/// planner's dry run) leaves every parameter's .grad as it was.
-inline bool& discard_leaf_grads() {
-  thread_local bool on = false;
-  return on;
-}
-
 template <class T>
 void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
-  if (meta.is_leaf() && discard_leaf_grads()) return;
+  if (meta.is_leaf() && session().discard_leaf_grads) return;  // a dry run
   if (!meta.grad.defined()) {
     // Adopt the buffer when nothing else holds it; otherwise copy, so two gradients never alias.
     meta.grad = g.storage().use_count() == 1 && !g.meta() ? std::move(g) : copy_of(g);

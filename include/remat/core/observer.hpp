@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "remat/core/saved_tensor.hpp"
+#include "remat/core/session.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat {
@@ -37,8 +38,8 @@ struct ReplayEvent {
 /// what you need; every method does nothing by default.
 class Observer {
  public:
-  Observer();
-  virtual ~Observer();
+  Observer() : installed_(this) {}
+  virtual ~Observer() = default;
   Observer(const Observer&) = delete;
   Observer& operator=(const Observer&) = delete;
 
@@ -61,39 +62,35 @@ class Observer {
   virtual void replay_begin(const ReplayEvent& e) { (void)e; }
   /// The replay begun last ended (also when by an exception).
   virtual void replay_end(const ReplayEvent& e) { (void)e; }
+
+ private:
+  detail::Install<&detail::Session::observers> installed_;
 };
 
 namespace detail {
 
-/// This thread's observers, outermost first, and whether an op's compute is running (its inner
-/// ops are not reported).
-struct Observers {
-  std::vector<Observer*> list;
-  int quiet = 0;
-  bool listening() const { return quiet == 0 && !list.empty(); }
-};
-
-inline Observers& observers() {
-  thread_local Observers o;
-  return o;
+/// Whether an event now would reach an observer: some are installed and no op is computing.
+inline bool observers_listening() {
+  const Session& s = session();
+  return s.observers_quiet == 0 && !s.observers.empty();
 }
 
 /// Calls f(observer) for each observer of this thread, outermost first, unless an op is computing.
 /// By index: an observer may install another while it hears an event (the list grows under us).
 template <class F>
 void notify(F&& f) {
-  Observers& o = observers();
-  if (!o.listening()) return;
-  for (std::size_t i = 0; i < o.list.size(); ++i) f(*o.list[i]);
+  if (!observers_listening()) return;
+  const std::vector<Observer*>& list = session().observers;
+  for (std::size_t i = 0; i < list.size(); ++i) f(*list[i]);
 }
 
 /// RAII: observers hear nothing while it lives (an op computing its outputs from other ops).
 class QuietObservers {
  public:
-  QuietObservers() { ++observers().quiet; }
-  ~QuietObservers() { --observers().quiet; }
-  QuietObservers(const QuietObservers&) = delete;
-  QuietObservers& operator=(const QuietObservers&) = delete;
+  QuietObservers() : quiet_(session().observers_quiet + 1) {}
+
+ private:
+  Install<&Session::observers_quiet> quiet_;
 };
 
 /// RAII: reports a replay's begin now and its end when it goes, also on an exception.
@@ -113,16 +110,5 @@ class ReplayNotice {
 };
 
 }  // namespace detail
-
-inline Observer::Observer() { detail::observers().list.push_back(this); }
-inline Observer::~Observer() {
-  auto& list = detail::observers().list;
-  // Destroyed out of order (a misuse the guide forbids) still leaves no dangling entry.
-  for (auto it = list.end(); it != list.begin();)
-    if (*--it == this) {
-      list.erase(it);
-      break;
-    }
-}
 
 }  // namespace remat

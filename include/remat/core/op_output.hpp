@@ -21,6 +21,7 @@
 #include "remat/core/error.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/core/saved_tensor.hpp"
+#include "remat/core/session.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat {
@@ -108,64 +109,57 @@ struct Recompute {
 /// it; a handler that owns the outputs of its scope (a checkpoint's selective saving) does not.
 class OpOutputHook {
  public:
-  OpOutputHook() : outer_(top()) { top() = this; }
-  virtual ~OpOutputHook() { top() = outer_; }
+  OpOutputHook() : installed_(this) {}
+  virtual ~OpOutputHook() = default;
   OpOutputHook(const OpOutputHook&) = delete;
   OpOutputHook& operator=(const OpOutputHook&) = delete;
 
   /// Before the op computes: stored tensors to use as its outputs instead (all `count` of them, in
   /// order), or none to let it compute.
   virtual std::vector<detail::TensorRef> reuse(const OpOutput& out) {
-    return outer_ ? outer_->reuse(out) : std::vector<detail::TensorRef>{};
+    return outer() ? outer()->reuse(out) : std::vector<detail::TensorRef>{};
   }
   /// Asked when reuse() supplied nothing: true when nobody will read the op's values (a replay past
   /// the last tensor its backward needs), so the op makes its outputs' storage without computing
   /// them. The outputs still carry their shapes, and the op still records its node.
-  virtual bool skip(const OpOutput& out) { return outer_ ? outer_->skip(out) : false; }
+  virtual bool skip(const OpOutput& out) { return outer() ? outer()->skip(out) : false; }
   /// After the op computed `values`, or was handed them by reuse(), or skipped them.
   virtual void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
-    if (outer_) outer_->produced(out, values);
+    if (OpOutputHook* o = outer()) o->produced(out, values);
   }
   /// Whether a handler wants to be offered how to recompute the outputs ops compute.
-  virtual bool wants_recompute() const { return outer_ ? outer_->wants_recompute() : false; }
+  virtual bool wants_recompute() const { return outer() ? outer()->wants_recompute() : false; }
   /// After produced(), for outputs the op computed (not handed over, not skipped): how to compute
   /// them again. Passed outward by every handler, including those that own their scope's outputs.
   virtual void recomputable(const OpOutput& out, const std::vector<detail::TensorRef>& values, Recompute how) {
-    if (outer_) outer_->recomputable(out, values, std::move(how));
+    if (OpOutputHook* o = outer()) o->recomputable(out, values, std::move(how));
   }
   /// When a node is recorded (or would be, in a checkpointed forward that records none): the
   /// tensors its backward will read. Whatever holds tensors for a backward outside a node's saved
   /// list (a chain's snapshots) reports them here too, or a replay may skip computing them.
   virtual void saved_for_backward(const std::vector<detail::SavedTensor>& saved) {
-    if (outer_) outer_->saved_for_backward(saved);
+    if (OpOutputHook* o = outer()) o->saved_for_backward(saved);
   }
 
   /// The innermost handler on this thread, or null.
-  static OpOutputHook* current() { return top(); }
+  static OpOutputHook* current() { return detail::session().op_output_handler; }
 
   /// RAII: no handler sees anything while it lives. An op computing its outputs holds one, so an
   /// op built from other ops is one op to every handler (positions stay those of the forward).
   class Suspended {
    public:
-    Suspended() : saved_(top()) { top() = nullptr; }
-    ~Suspended() { top() = saved_; }
-    Suspended(const Suspended&) = delete;
-    Suspended& operator=(const Suspended&) = delete;
+    Suspended() : none_(nullptr) {}
 
    private:
-    OpOutputHook* saved_;
+    detail::Install<&detail::Session::op_output_handler> none_;
   };
 
  protected:
   /// The handler that was current when this one was installed (null for the outermost).
-  OpOutputHook* outer() const { return outer_; }
+  OpOutputHook* outer() const { return installed_.kept(); }
 
  private:
-  static OpOutputHook*& top() {
-    thread_local OpOutputHook* innermost = nullptr;
-    return innermost;
-  }
-  OpOutputHook* outer_;
+  detail::Install<&detail::Session::op_output_handler> installed_;  // kept(): the outer handler
 };
 
 namespace detail {

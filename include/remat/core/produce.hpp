@@ -105,7 +105,7 @@ template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
                                            const OpReads& reads, Compute&& compute) {
   OpOutputHook* hook = OpOutputHook::current();
-  if (!hook && !observers().listening()) {
+  if (!hook && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }
@@ -162,7 +162,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
 /// produce_all for an op with one output.
 template <class T, class Compute>
 BasicTensor<T> produce(OpId op, const Shape& shape, double flops, const OpReads& reads, Compute&& compute) {
-  if (!OpOutputHook::current() && !observers().listening()) {
+  if (!OpOutputHook::current() && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }

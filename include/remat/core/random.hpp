@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "remat/core/session.hpp"
+
 namespace remat {
 
 namespace detail {
@@ -201,31 +203,21 @@ class DrawnGenerators {
   std::vector<Entry> entries_;
 };
 
-/// The innermost RecordDraws of this thread, or null: every draw walks the chain outward.
-class RecordDraws;
-inline RecordDraws*& innermost_draw_recorder() {
-  thread_local RecordDraws* innermost = nullptr;
-  return innermost;
-}
-
 /// RAII: while it lives, every generator drawn from on this thread is noted in `log`, and in the
 /// logs of the recorders outside it (a segment nested in another is part of the outer's replay).
 class RecordDraws {
  public:
-  explicit RecordDraws(DrawnGenerators& log) : log_(log), outer_(innermost_draw_recorder()) {
-    innermost_draw_recorder() = this;
-  }
-  ~RecordDraws() { innermost_draw_recorder() = outer_; }
+  explicit RecordDraws(DrawnGenerators& log) : log_(log), installed_(this) {}
   RecordDraws(const RecordDraws&) = delete;
   RecordDraws& operator=(const RecordDraws&) = delete;
 
   void note(const std::shared_ptr<GeneratorState>& generator) {
-    for (RecordDraws* r = this; r; r = r->outer_) r->log_.note(generator);
+    for (RecordDraws* r = this; r; r = r->installed_.kept()) r->log_.note(generator);
   }
 
  private:
   DrawnGenerators& log_;
-  RecordDraws* outer_;
+  Install<&Session::draw_recorder> installed_;  // kept(): the recorder outside this one
 };
 
 /// RAII: every generator of `log` still alive is at its state at the first draw while it lives,
@@ -329,8 +321,9 @@ void Generator::uniform(T* out, std::size_t n) {
 
 /// The generator ops draw from when none is given: one per thread, seeded 0 until manual_seed.
 inline Generator& default_generator() {
-  thread_local Generator generator(0);
-  return generator;
+  std::shared_ptr<Generator>& generator = detail::session().default_generator;
+  if (!generator) generator = std::make_shared<Generator>(0);
+  return *generator;
 }
 
 /// Reseeds this thread's default generator with `seed`.
@@ -338,7 +331,7 @@ inline void manual_seed(std::uint64_t seed) { default_generator().manual_seed(se
 
 namespace detail {
 inline void note_draw(const std::shared_ptr<GeneratorState>& generator) {
-  RecordDraws* r = innermost_draw_recorder();
+  RecordDraws* r = session().draw_recorder;
   if (r && &generator->value != &default_generator().state_slot()) r->note(generator);
 }
 }  // namespace detail

@@ -27,8 +27,25 @@
 
 #include "remat/core/error.hpp"
 #include "remat/core/saved_tensor.hpp"
+#include "remat/core/session.hpp"
 
 namespace remat {
+namespace detail {
+
+/// One pack/unpack pair, shared with every node that packed through it (so unpack outlives the
+/// scope that installed it).
+struct SavedTensorHooksPair {
+  std::function<std::any(const AnyTensor&)> pack;
+  std::function<AnyTensor(const std::any&)> unpack;
+};
+
+/// The pair whose pack a node recorded now uses: the innermost, unless inside a pack or unpack.
+inline const std::shared_ptr<const SavedTensorHooksPair>* active_saved_tensor_hooks() {
+  const Session& s = session();
+  return s.saved_tensor_hooks_off == 0 && !s.saved_tensor_hooks.empty() ? &s.saved_tensor_hooks.back() : nullptr;
+}
+
+}  // namespace detail
 
 /// RAII: while it lives, the tensors recorded nodes save on this thread go through pack and unpack.
 class SavedTensorHooks {
@@ -37,54 +54,21 @@ class SavedTensorHooks {
   using Pack = std::function<std::any(const AnyTensor&)>;
   /// The tensor again, from what pack returned.
   using Unpack = std::function<AnyTensor(const std::any&)>;
+  /// The pair as installed.
+  using Pair = detail::SavedTensorHooksPair;
 
   /// Installs pack and unpack on this thread until destroyed (innermost hooks in force pack).
-  SavedTensorHooks(Pack pack, Unpack unpack);
-  ~SavedTensorHooks();
+  SavedTensorHooks(Pack pack, Unpack unpack) : installed_(make_pair(std::move(pack), std::move(unpack))) {}
   SavedTensorHooks(const SavedTensorHooks&) = delete;
   SavedTensorHooks& operator=(const SavedTensorHooks&) = delete;
 
-  /// The pair, shared with every node that packed through it (so unpack outlives the scope).
-  struct Pair {
-    Pack pack;      ///< as given
-    Unpack unpack;  ///< as given
-  };
-
  private:
-  std::shared_ptr<const Pair> pair_;
-};
-
-namespace detail {
-
-/// This thread's hooks, innermost last, and whether they are off (inside a pack or unpack).
-struct SavedTensorHooksStack {
-  std::vector<std::shared_ptr<const SavedTensorHooks::Pair>> pairs;
-  int disabled = 0;
-  const std::shared_ptr<const SavedTensorHooks::Pair>* active() const {
-    return disabled == 0 && !pairs.empty() ? &pairs.back() : nullptr;
+  static std::shared_ptr<const Pair> make_pair(Pack pack, Unpack unpack) {
+    REMAT_CHECK(pack && unpack, "SavedTensorHooks: both pack and unpack must be callable");
+    return std::make_shared<const Pair>(Pair{std::move(pack), std::move(unpack)});
   }
+
+  detail::Install<&detail::Session::saved_tensor_hooks> installed_;
 };
-
-inline SavedTensorHooksStack& saved_tensor_hooks() {
-  thread_local SavedTensorHooksStack stack;
-  return stack;
-}
-
-}  // namespace detail
-
-inline SavedTensorHooks::SavedTensorHooks(Pack pack, Unpack unpack) {
-  REMAT_CHECK(pack && unpack, "SavedTensorHooks: both pack and unpack must be callable");
-  pair_ = std::make_shared<const Pair>(Pair{std::move(pack), std::move(unpack)});
-  detail::saved_tensor_hooks().pairs.push_back(pair_);
-}
-
-inline SavedTensorHooks::~SavedTensorHooks() {
-  auto& pairs = detail::saved_tensor_hooks().pairs;
-  for (auto it = pairs.end(); it != pairs.begin();)
-    if (*--it == pair_) {
-      pairs.erase(it);
-      break;
-    }
-}
 
 }  // namespace remat

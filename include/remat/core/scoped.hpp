@@ -1,7 +1,7 @@
 #pragma once
-// One guard for every piece of thread-local state the library switches for a scope (grad mode,
-// recording, replay depth, the generator during a replay, checking modes): set on entry, put back
-// on exit, also when an exception leaves the scope.
+// A value guard for state outside the thread's session (a generator's state during a replay, a
+// wrapper's own flag): set on entry, put back on exit, also when an exception leaves the scope.
+// The session's slots have their own guard, detail::Install (core/session.hpp).
 
 #include <utility>
 

@@ -9,9 +9,11 @@
 // the plan, its checking pass, the simple policies and plan().
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "remat/schedule/action_stream.hpp"
 #include "remat/schedule/binomial.hpp"
@@ -66,6 +69,23 @@ struct Plan {
   /// chains; a plan of more than `max_actions` actions is an error rather than megabytes of text.
   std::string actions_str(std::size_t max_actions = 100000) const;
 };
+
+namespace detail {
+
+/// `directory` made absolute against the working directory now, so that a chdir later (between
+/// a chain's forward and its backward, say) does not move the files it names.
+inline std::string absolute_directory(const std::string& directory) {
+  if (directory.empty() || directory.front() == '/') return directory;
+  std::vector<char> cwd(4096);
+  while (::getcwd(cwd.data(), cwd.size()) == nullptr) {
+    REMAT_CHECK(errno == ERANGE, "chain snapshots: cannot make the directory '{}' absolute: the working directory is "
+                "unknown ({})", directory, std::strerror(errno));
+    cwd.resize(cwd.size() * 2);
+  }
+  return std::string(cwd.data()) + "/" + directory;
+}
+
+}  // namespace detail
 
 namespace detail {
 

@@ -1,0 +1,154 @@
+#pragma once
+// The session: everything remat keeps per thread, in one struct, so a reader sees the whole of
+// the state an op, a backward or a replay can depend on, and one guard (Install) switches any of
+// it for a scope. Two threads training independent models never share a slot of it.
+//
+// The session sits at the bottom of core and names the types it holds without including them:
+// each room that owns a slot's meaning (autograd, random, observers, the checkpoint modes) reads
+// and writes its slot here and nowhere else.
+//
+// What is process-wide, and why (everything else is in the session):
+//   - the allocator's ledger, MemoryLedger::instance() (core/memory.hpp): bytes are one pool,
+//     whichever thread allocates them; memory_stats() is the process's;
+//   - the storage serial counter, next_storage_serial() (core/memory.hpp): serials order storages
+//     across threads (a budget's "existed before this op" test);
+//   - the op registry, detail::op_registry() (core/op_output.hpp): op names are program constants,
+//     registered once at static initialisation;
+//   - the active timeline, detail::active_timeline() (core/timeline.hpp): one trace records every
+//     thread, each on its own track.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace remat {
+
+class Tape;
+class Generator;
+class Observer;
+class OpOutputHook;
+
+namespace detail {
+
+class Residency;
+class RecordDraws;
+class ThreadSavedBooks;
+struct SavedTensorHooksPair;
+
+/// Replays skipped by early stop on this thread, for tests and benchmarks.
+struct EarlyStopStats {
+  std::size_t ops = 0;
+  double flops = 0;
+};
+
+/// One thread's state. Read it through session(); switch a slot for a scope with Install.
+struct Session {
+  // Grad mode and the graph.
+  bool grad_enabled = true;   ///< no_grad / enable_grad
+  bool recording = true;      ///< false inside a checkpointed forward: requires_grad flows, no nodes
+  int replay_depth = 0;       ///< > 0 while a checkpoint or a chain replays a forward (is_replaying)
+  int backward_depth = 0;     ///< > 0 inside Tensor::backward (nested: a planner's dry run)
+  std::uint64_t next_node_id = 1;
+  std::vector<Tape*> tapes;   ///< the current tapes, innermost last; [0] is root_tape (tape_stack())
+  bool discard_leaf_grads = false;  ///< a dry run: gradients reaching leaves are dropped
+
+  // Randomness.
+  std::shared_ptr<Generator> default_generator;  ///< made at first use (default_generator())
+  RecordDraws* draw_recorder = nullptr;           ///< the innermost; each draw walks outward
+
+  // Listeners (core/observer.hpp, core/op_output.hpp, core/saved_tensor_hooks.hpp).
+  std::vector<Observer*> observers;  ///< outermost first
+  int observers_quiet = 0;           ///< > 0 while an op computes from other ops
+  OpOutputHook* op_output_handler = nullptr;  ///< the innermost; each handler knows its outer one
+  std::vector<std::shared_ptr<const SavedTensorHooksPair>> saved_tensor_hooks;  ///< innermost last
+  int saved_tensor_hooks_off = 0;    ///< > 0 inside a pack or an unpack
+  Residency* residency = nullptr;    ///< the memory budget governing this thread's saved bytes
+
+  // Modes of replayed computations (checkpoint/replay.hpp, checkpoint/early_stop.hpp).
+  bool check_replay_values = false;  ///< CheckpointChecking
+  bool debug_replay = false;         ///< CheckpointDebug
+  bool early_stop = true;            ///< CheckpointEarlyStop
+  EarlyStopStats early_stop_stats;
+
+  // Memory.
+  std::shared_ptr<ThreadSavedBooks> saved_books;  ///< bytes this thread's graphs save; made at first use
+
+  // Last, so destroyed first at thread exit: its nodes free what they saved into the books above.
+  std::shared_ptr<Tape> root_tape;
+};
+
+/// This thread's session.
+inline Session& session() {
+  thread_local Session s;
+  return s;
+}
+
+template <class M>
+struct SessionMember;
+template <class V>
+struct SessionMember<V Session::*> {
+  using type = V;
+};
+/// A slot's kind: a value (kept: its previous value) or a stack (kept: the entry pushed).
+template <class V>
+struct SlotKind {
+  static constexpr bool stack = false;
+  using Kept = V;
+};
+template <class V, class A>
+struct SlotKind<std::vector<V, A>> {
+  static constexpr bool stack = true;
+  using Kept = V;
+};
+
+/// RAII: installs a value into one slot of this thread's session for its lifetime. For a value
+/// slot it sets the value and puts the previous one back; for a stack slot (observers, saved-tensor
+/// hooks, tapes) it pushes an entry and removes that entry again, the newest copy of it, so a
+/// scope that ends out of order still leaves no dangling entry.
+///
+///   detail::Install<&detail::Session::grad_enabled> no_grad(false);
+template <auto Member>
+class Install {
+  using Slot = typename SessionMember<decltype(Member)>::type;
+  static constexpr bool kStack = SlotKind<Slot>::stack;
+  using Kept = typename SlotKind<Slot>::Kept;
+
+ public:
+  /// Sets the slot to `value` (a value slot) or pushes `value` (a stack slot).
+  template <class U>
+  explicit Install(U&& value) {
+    Slot& slot = session().*Member;
+    if constexpr (kStack) {
+      kept_ = std::forward<U>(value);
+      slot.push_back(kept_);
+    } else {
+      kept_ = std::exchange(slot, std::forward<U>(value));
+    }
+  }
+  ~Install() {
+    Slot& slot = session().*Member;
+    if constexpr (kStack) {
+      for (auto it = slot.end(); it != slot.begin();)
+        if (*--it == kept_) {
+          slot.erase(it);
+          break;
+        }
+    } else {
+      slot = std::move(kept_);
+    }
+  }
+  Install(const Install&) = delete;
+  Install& operator=(const Install&) = delete;
+
+  /// A value slot's value before this guard (a handler's outer handler); a stack slot's entry.
+  const Kept& kept() const { return kept_; }
+
+ private:
+  Kept kept_{};
+};
+
+}  // namespace detail
+}  // namespace remat
