@@ -51,6 +51,9 @@ seeds = {
     "truncated": image({"w": entry("F32", [2, 3], 0, 24)}, f32)[:-5],
     "offsets_reversed": image({"a": entry("F32", [1], 4, 0)}, bytes(4)),
     "unknown_dtype": image({"a": entry("F16", [2], 0, 4)}, bytes(4)),
+    # bfloat16 1.5, -2, +inf, a quiet NaN and the smallest subnormal, then the same shape with one byte short.
+    "valid_bf16": image({"h": entry("BF16", [5], 0, 10)}, struct.pack("<5H", 0x3FC0, 0xC000, 0x7F80, 0x7FC0, 0x0001)),
+    "bf16_size_mismatch": image({"h": entry("BF16", [5], 0, 9)}, bytes(9)),
     "extra_key": image({"a": dict(entry("F32", [1], 0, 4), extra=1)}, bytes(4)),
     "not_an_object": image(None, b"", raw_header=b"[1,2,3]"),
     "metadata_not_strings": image({"__metadata__": {"n": 3}}),

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "remat/core/autograd.hpp"  // Tensor::backward, for every program that makes tensors
+#include "remat/core/bfloat16.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -131,13 +133,29 @@ inline LongTensor randint(std::int64_t low, std::int64_t high, const Shape& shap
   return t;
 }
 
-/// Converts the element type (float <-> double, ...); the result has no autograd history.
+/// Converts the element type (float <-> double, float <-> bfloat16, ...); the result has no
+/// autograd history. To bfloat16 rounds to nearest even (core/bfloat16.hpp), from other types
+/// than float through float as PyTorch does (a double rounds twice); from bfloat16 is exact.
+/// A cast to bfloat16 of a tensor that needs a gradient throws: mixed-precision training needs
+/// the gradient through the cast, and dropping it silently would train wrong.
 template <class U, class T>
 BasicTensor<U> to(const BasicTensor<T>& t) {
+  constexpr bool narrow = std::is_same_v<U, bfloat16> && !std::is_same_v<T, bfloat16>;
+  constexpr bool widen = std::is_same_v<T, bfloat16> && !std::is_same_v<U, bfloat16>;
+  if constexpr (narrow) {
+    REMAT_CHECK(!detail::grad_needed(t), "to<bfloat16>: the {} tensor of shape {} requires grad, and the cast is not "
+                "differentiable (differentiable casts come with autocast); convert t.detach(), or convert under "
+                "no_grad, for a bfloat16 copy without history", t.dtype(), t.shape());
+  }
   BasicTensor<U> out(t.shape());
   const T* src = t.data();
   U* dst = out.data();
-  for (std::int64_t i = 0; i < t.numel(); ++i) dst[i] = static_cast<U>(src[i]);
+  const std::int64_t n = t.numel();
+  if constexpr (narrow && std::is_same_v<T, float>) detail::convert_elements(src, dst, n, detail::narrow_to_bfloat16);
+  else if constexpr (widen && std::is_same_v<U, float>) detail::convert_elements(src, dst, n, detail::widen_from_bfloat16);
+  else if constexpr (narrow) for (std::int64_t i = 0; i < n; ++i) dst[i] = detail::to_bfloat16(static_cast<float>(src[i]));
+  else if constexpr (widen) for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(detail::to_float(src[i]));
+  else for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(src[i]);
   return out;
 }
 

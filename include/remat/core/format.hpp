@@ -2,12 +2,20 @@
 // Printing tensors through fmt: `fmt::print("{}\n", t)`, long dims elided as in PyTorch.
 
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #include "remat/core/tensor.hpp"
 
 namespace remat::detail {
+
+/// An element as fmt prints it: fmt has no formatter for bfloat16, whose value is its float's.
+template <class T>
+auto printable(T v) {
+  if constexpr (std::is_same_v<T, bfloat16>) return static_cast<float>(v);
+  else return v;
+}
 
 template <class T>
 void format_dims(std::string& out, const BasicTensor<T>& t, int d, std::int64_t offset, int indent) {
@@ -22,7 +30,7 @@ void format_dims(std::string& out, const BasicTensor<T>& t, int d, std::int64_t 
       i = n - kEdge - 1;
       continue;
     }
-    if (d + 1 == s.rank()) out += fmt::format("{:.4g}", t.data()[offset + i]);
+    if (d + 1 == s.rank()) out += fmt::format("{:.4g}", printable(t.data()[offset + i]));
     else format_dims(out, t, d + 1, offset + i * stride, indent + 1);
     if (i + 1 < n) out += d + 1 == s.rank() ? ", " : ",\n" + std::string(static_cast<std::size_t>(indent + 1), ' ');
   }
@@ -33,7 +41,7 @@ template <class T>
 std::string to_string(const BasicTensor<T>& t) {
   if (!t.defined()) return "tensor(undefined)";
   std::string body;
-  if (t.dim() == 0) body = fmt::format("{:.4g}", t.data()[0]);
+  if (t.dim() == 0) body = fmt::format("{:.4g}", printable(t.data()[0]));
   else format_dims(body, t, 0, 0, 7);
   return fmt::format("tensor({}, shape={}, dtype={}{})", body, t.shape(), t.dtype(),
                      t.requires_grad() ? ", requires_grad=true" : "");

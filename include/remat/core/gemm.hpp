@@ -4,10 +4,17 @@
 // defines REMAT_WITH_ONEDNN when it finds libdnnl-dev; -DREMAT_ONEDNN=OFF keeps Eigen), which
 // reaches more of the machine's peak than Eigen's GEMM on AVX2/AVX-512; double (gradient checks)
 // and builds without oneDNN use Eigen's GEMM. Either is deterministic for a given thread count.
+//
+// gemm_bf16 is the mixed-precision product: bfloat16 operands, float32 accumulation and result.
+// With oneDNN it is dnnl_gemm_bf16bf16f32 (AVX512-BF16 where the CPU has it, about twice sgemm on
+// this machine), which libdnnl exports but the 2.6 headers do not declare, so remat declares it;
+// without oneDNN the operands are widened to float (exactly: bf16 is float's upper half) and
+// multiplied by the float GEMM.
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -15,6 +22,15 @@
 
 #ifdef REMAT_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
+
+// Row-major C = alpha op(A) op(B) + beta C over bfloat16 A and B (their bits, as uint16), float C:
+// libdnnl 2.x exports it under this C signature without declaring it in its headers.
+#if DNNL_VERSION_MAJOR < 3
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K,
+                                               float alpha, const std::uint16_t* A, dnnl_dim_t lda,
+                                               const std::uint16_t* B, dnnl_dim_t ldb, float beta, float* C,
+                                               dnnl_dim_t ldc);
+#endif
 #endif
 
 namespace remat::detail {
@@ -72,6 +88,39 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   }
 #endif
   eigen_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+/// C (float, m×n) = or += op(A) · op(B) with A and B in bfloat16 (row-major, leading dimensions as
+/// stored), the products summed in float32.
+inline void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                      const Eigen::bfloat16* a, std::int64_t lda, const Eigen::bfloat16* b, std::int64_t ldb, float* c,
+                      std::int64_t ldc, bool accumulate = false) {
+  static_assert(sizeof(Eigen::bfloat16) == sizeof(std::uint16_t), "bfloat16 is 16 bits");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate)
+      for (std::int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+#ifdef REMAT_WITH_ONEDNN
+  const dnnl_status_t status = dnnl_gemm_bf16bf16f32(
+      trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, reinterpret_cast<const std::uint16_t*>(a), lda,
+      reinterpret_cast<const std::uint16_t*>(b), ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+  REMAT_CHECK(status == dnnl_success, "gemm_bf16: oneDNN's gemm_bf16bf16f32 failed with status {} for m={}, n={}, k={}",
+              static_cast<int>(status), m, n, k);
+#else
+  // Widened densely: op(A) is rows × cols as stored, whatever the leading dimension.
+  auto widen = [](const Eigen::bfloat16* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    std::vector<float> out(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i * cols + j)] = static_cast<float>(p[i * ld + j]);
+    return out;
+  };
+  const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const std::vector<float> wa = widen(a, a_rows, a_cols, lda), wb = widen(b, b_rows, b_cols, ldb);
+  gemm(trans_a, trans_b, m, n, k, wa.data(), a_cols, wb.data(), b_cols, c, ldc, accumulate);
+#endif
 }
 
 }  // namespace remat::detail

@@ -16,6 +16,9 @@
 //     registered once at static initialisation;
 //   - the active timeline, detail::active_timeline() (core/timeline.hpp): one trace records every
 //     thread, each on its own track.
+//   - the file-name serials of disk snapshots (checkpoint/snapshot.hpp) and of safetensors'
+//     temporary files (io/safetensors.hpp): names unique within the process, whichever thread
+//     writes.
 
 #include <algorithm>
 #include <cstddef>

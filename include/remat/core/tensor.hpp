@@ -19,6 +19,11 @@
 /// checkpointing (checkpoint, checkpoint_sequential, apply_checkpointing, plan).
 namespace remat {
 
+/// bfloat16: float32's sign and 8-bit exponent with a 7-bit fraction, 2 bytes; Eigen's type, so
+/// Eigen arrays and maps of it work as of any scalar. Converting from float32 rounds to nearest
+/// even (core/bfloat16.hpp); widening to float32 is exact.
+using bfloat16 = Eigen::bfloat16;
+
 template <class T>
 class BasicTensor;
 
@@ -30,6 +35,7 @@ constexpr const char* dtype_name() {
   else if constexpr (std::is_same_v<T, double>) return "float64";
   else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
   else if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_same_v<T, bfloat16>) return "bfloat16";
   else return "unknown";
 }
 
@@ -196,6 +202,9 @@ using Tensor = BasicTensor<float>;          ///< what models train in
 using DoubleTensor = BasicTensor<double>;   ///< what gradient checks run in
 using LongTensor = BasicTensor<std::int64_t>;  ///< token ids, targets, indices
 using BoolTensor = BasicTensor<bool>;       ///< masks
+/// Storage in 16 bits (no gradients: requires_grad_ is for float and double tensors); made by
+/// to<bfloat16>(t) and read back exactly by to<float>(t).
+using BFloat16Tensor = BasicTensor<bfloat16>;
 
 namespace detail {
 

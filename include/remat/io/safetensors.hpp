@@ -29,9 +29,9 @@
 /// Reading and writing tensors and training state: safetensors files and checkpoints to resume from.
 namespace remat::io {
 
-/// One tensor of a safetensors file, as bytes: dtype is the format's name ("F32", "F64", "I64", "BOOL").
+/// One tensor of a safetensors file, as bytes: dtype is the format's name ("F32", "BF16", "F64", "I64", "BOOL").
 struct TensorEntry {
-  /// The format's dtype name ("F32", "F64", "I64", "BOOL").
+  /// The format's dtype name ("F32", "BF16", "F64", "I64", "BOOL").
   std::string dtype;
   /// The tensor's shape.
   Shape shape;
@@ -49,6 +49,7 @@ constexpr const char* safetensors_dtype() {
   else if constexpr (std::is_same_v<T, double>) return "F64";
   else if constexpr (std::is_same_v<T, std::int64_t>) return "I64";
   else if constexpr (std::is_same_v<T, bool>) return "BOOL";
+  else if constexpr (std::is_same_v<T, bfloat16>) return "BF16";  // PyTorch reads it as torch.bfloat16
   else static_assert(sizeof(T) == 0, "safetensors: unsupported element type");
 }
 
@@ -57,7 +58,8 @@ constexpr const char* safetensors_dtype() {
 /// The tensor as an entry: its dtype name, shape and a copy of its bytes.
 template <class T>
 TensorEntry to_entry(const BasicTensor<T>& t) {
-  static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "safetensors: unsupported element size");
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8,
+                "safetensors: unsupported element size");
   TensorEntry e{detail::safetensors_dtype<T>(), t.shape(), std::vector<unsigned char>(t.nbytes())};
   if (t.nbytes()) std::memcpy(e.data.data(), t.data(), t.nbytes());
   return e;
@@ -68,8 +70,12 @@ template <class T>
 BasicTensor<T> from_entry(const TensorEntry& e, const std::string& name) {
   REMAT_CHECK(e.dtype == detail::safetensors_dtype<T>(), "safetensors: tensor '{}' has dtype {}, expected {}", name,
               e.dtype, detail::safetensors_dtype<T>());
+  // Entries read from a file were checked against their shapes; one built by hand may not be.
+  const std::size_t bytes = static_cast<std::size_t>(e.shape.numel()) * sizeof(T);
+  REMAT_CHECK(e.data.size() == bytes, "safetensors: tensor '{}' of dtype {} and shape {} needs {} bytes, its entry holds {}",
+              name, e.dtype, e.shape, bytes, e.data.size());
   BasicTensor<T> t(e.shape);
-  if (t.nbytes()) std::memcpy(t.data(), e.data.data(), t.nbytes());
+  if (bytes) std::memcpy(t.data(), e.data.data(), bytes);
   return t;
 }
 
@@ -319,6 +325,15 @@ inline std::uint64_t json_size(const nlohmann::json& v, const char* what) {
   throw Error(fmt::format("{} must be a non-negative integer, got {}", what, preview(v)));
 }
 
+/// The bytes of one element of a dtype remat reads; 0 for any other name.
+inline std::size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "BF16") return 2;
+  if (dtype == "F64" || dtype == "I64") return 8;
+  if (dtype == "BOOL") return 1;
+  return 0;
+}
+
 /// One header entry checked against the format: exactly dtype, shape and data_offsets; sizes that
 /// are integers whose product (and byte count) fits; offsets within the data buffer.
 inline void read_entry(const nlohmann::json& info, std::uint64_t buffer, std::string& dtype, std::vector<std::int64_t>& shape,
@@ -328,8 +343,8 @@ inline void read_entry(const nlohmann::json& info, std::uint64_t buffer, std::st
               "the entry must be an object with exactly dtype, shape and data_offsets, got {}", preview(info));
   REMAT_CHECK(info["dtype"].is_string(), "dtype must be a string, got {}", preview(info["dtype"]));
   dtype = info["dtype"].get<std::string>();
-  const std::size_t element = dtype == "F32" ? 4 : dtype == "F64" || dtype == "I64" ? 8 : dtype == "BOOL" ? 1 : 0;
-  REMAT_CHECK(element != 0, "dtype {} is not one remat reads (F32, F64, I64, BOOL)", preview(dtype));
+  const std::size_t element = dtype_bytes(dtype);
+  REMAT_CHECK(element != 0, "dtype {} is not one remat reads (F32, BF16, F64, I64, BOOL)", preview(dtype));
   const nlohmann::json& sizes = info["shape"];
   REMAT_CHECK(sizes.is_array() && sizes.size() <= static_cast<std::size_t>(Shape::kMaxRank),
               "shape must be an array of at most {} sizes, got {}", Shape::kMaxRank, preview(sizes));
