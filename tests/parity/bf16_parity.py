@@ -8,43 +8,12 @@ writes PyTorch's bfloat16 of x to DIR/torch_bf16.safetensors for `bf16_parity ch
 file by parsing the header itself, and through the safetensors package as well when installed.
 
 usage: bf16_parity.py DIR"""
-import json
 import struct
 import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"]).clone()
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        blob = t.contiguous().view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
-        header[name] = {"dtype": {torch.bfloat16: "BF16", torch.float32: "F32"}[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+from safetensors_io import read_safetensors, write_safetensors
 
 
 def bits(t):

@@ -4,33 +4,13 @@ batch, and compares the loss and every parameter gradient (float32, dropout off)
 (exit 1) when any tensor's relative error ||g_remat - g_torch|| / ||g_torch|| exceeds 1e-4.
 
 usage: gpt_parity.py DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB"""
-import json
 import math
-import struct
 import sys
 
 import torch
 
+from safetensors_io import read_safetensors
 from torch_gpt import GPT
-
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        buf = bytearray(data[base + begin:base + end])
-        t = torch.frombuffer(buf, dtype=DTYPES[info["dtype"]]) if buf else torch.empty(0, dtype=DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"]).clone()
-    return out
 
 
 def main():
