@@ -2,6 +2,7 @@
 // The whole library: #include <remat/remat.hpp>.
 
 #include "remat/core/autograd.hpp"
+#include "remat/core/autocast.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/core/format.hpp"

@@ -176,6 +176,7 @@ struct ChainRun {
   /// every later execution (a replay) is set up from and checked against.
   struct FirstRuns {
     StateRuns rng;                                     // the default generator's state
+    EqualRuns<bool> autocast;                          // whether remat::autocast was on (replays too)
     std::map<std::size_t, DrawnGenerators> other_rng;  // the steps that drew from other generators too
     EqualRuns<Shape> out_shapes;                       // the output's shape
     std::vector<std::uint64_t> out_hashes;             // and its values' hash, when check_values
@@ -229,6 +230,7 @@ struct ChainRun {
     const auto k = static_cast<std::size_t>(i);
     if (k == first.rng.size()) {
       first.rng.push_back(default_generator().state());
+      first.autocast.push_back(session().autocast);
       SegmentReads reads;
       Tensor y;
       {
@@ -270,7 +272,7 @@ struct ChainRun {
     ReplayNotice notice({"chain", name.c_str(), i});
     try {
       const auto others = first.other_rng.find(k);
-      y = as_replay(first.rng[k], others == first.other_rng.end() ? nullptr : &others->second, [&] {
+      y = as_replay(first.rng[k], others == first.other_rng.end() ? nullptr : &others->second, first.autocast[k], [&] {
         RunHandlers handlers;
         const CompactRebuilder* rebuilder =
             rebuild ? &handlers.rebuilder(*rebuild, first.op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()))

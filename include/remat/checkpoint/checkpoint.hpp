@@ -79,6 +79,7 @@ struct Segment {
   bool early_stop = true;
   bool debug = false;
   Generator::State rng;                   // the default generator's at the start
+  bool autocast = false;                  // whether the forward ran under remat::autocast
   DrawnGenerators other_rng;              // every other generator the forward drew from
   std::vector<ArgumentSlot> arg_slots;   // one per tensor in the arguments, in for_each_tensor order
   std::vector<FirstRunOutput> outputs;    // one per tensor in the result, in for_each_tensor order
@@ -95,6 +96,7 @@ struct Segment {
   /// what it reads from outside, and the outputs selective saving keeps (into `kept`).
   R run_forward(const Args&... call_args, std::vector<SavedTensor>& kept) {
     rng = default_generator().state();
+    autocast = session().autocast;
     auto not_recording = scoped_recording(false);
     RecordDraws draws(other_rng);
     RunHandlers handlers;
@@ -166,7 +168,7 @@ struct Segment {
     run.record([&] {
       TimelineSpan span("replay", [&] { return "replay " + options.name; });
       ReplayNotice notice({"checkpoint", options.name.c_str()});
-      as_replay(rng, &other_rng, [&] {
+      as_replay(rng, &other_rng, autocast, [&] {
         RunHandlers handlers;
         SelectiveHook& hook =
             handlers.selective(SelectiveHook::Mode::reuse, options.save, kept_ops, kept_outputs, options.name);

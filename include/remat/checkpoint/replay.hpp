@@ -1,11 +1,12 @@
 #pragma once
 // The replay protocol, written once for checkpoint() and for the chain executor:
 //
-//   1. as_replay(rng, others, fn): the thread's default generator is set to the state the forward
-//      started at, and every other generator the forward drew from to its state at its first draw
-//      (detail::RecordDraws noted them), all put back afterwards (so the backward does not disturb
-//      the caller's random streams); while fn runs, is_replaying() is true, so user code can skip
-//      side effects.
+//   1. as_replay(rng, others, autocast, fn): the thread's default generator is set to the state the
+//      forward started at, and every other generator the forward drew from to its state at its
+//      first draw (detail::RecordDraws noted them), all put back afterwards (so the backward does
+//      not disturb the caller's random streams); autocast is as it was in the forward (a backward
+//      usually runs outside the forward's autocast scope); while fn runs, is_replaying() is true,
+//      so user code can skip side effects.
 //   2. RecordedRun::record(fn): fn runs with recording and grad mode on, its ops going onto a tape
 //      of the run's own, nested inside whatever is current (a checkpointed forward records
 //      nothing, but its replay must).
@@ -98,11 +99,13 @@ std::string replay_difference(const std::string& what, const BasicTensor<T>& t, 
 }
 
 
-/// Runs fn() as the replay of a computation that first ran with the default generator at `rng`
-/// and drew from the generators `others` (null: none) at the states noted there.
+/// Runs fn() as the replay of a computation that first ran with the default generator at `rng`,
+/// drew from the generators `others` (null: none) at the states noted there, and ran under
+/// `autocast` (remat::autocast on or off).
 template <class F>
-decltype(auto) as_replay(Generator::State rng, const DrawnGenerators* others, F&& fn) {
+decltype(auto) as_replay(Generator::State rng, const DrawnGenerators* others, bool autocast, F&& fn) {
   ScopedValue<Generator::State> generator(default_generator().state_slot(), rng);
+  Install<&Session::autocast> precision(autocast);
   std::optional<RestoreDraws> restored;
   if (others && !others->empty()) restored.emplace(*others);
   auto replaying = scoped_replay();

@@ -57,6 +57,7 @@ struct Session {
   std::uint64_t next_node_id = 1;
   std::vector<Tape*> tapes;   ///< the current tapes, innermost last; [0] is root_tape (tape_stack())
   bool discard_leaf_grads = false;  ///< a dry run: gradients reaching leaves are dropped
+  bool autocast = false;            ///< remat::autocast: float32 matrix products on the bfloat16 GEMM
 
   // Randomness.
   std::shared_ptr<Generator> default_generator;  ///< made at first use (default_generator())

@@ -1,6 +1,7 @@
 #pragma once
 // y = x Wᵀ + b, fused: one GEMM against W as stored (out, in), as torch.nn.functional.linear.
 
+#include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/ops/detail/reduce.hpp"
@@ -12,58 +13,78 @@ inline const OpId linear = register_op("linear");
 }  // namespace op
 
 
+namespace detail {
+
+/// linear over operands in element type E (T itself, or bfloat16 under autocast): xe and we are x
+/// and weight as the GEMM reads them, and what the node saves.
+template <class T, class E>
+BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias,
+                           const BasicTensor<E>& xe, const BasicTensor<E>& we) {
+  const std::int64_t in = weight.size(1), out = weight.size(0);
+  std::vector<std::int64_t> s = x.shape().vec();
+  s.back() = out;
+  const double flops = 2.0 * static_cast<double>(x.numel() / std::max<std::int64_t>(in, 1)) * static_cast<double>(in * out);
+  BasicTensor<T> y = produce<T>(op::linear, Shape(s), flops, {x, weight, bias}, [=] {
+    BasicTensor<T> result{Shape(s)};
+    const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
+    gemm(false, true, rows, out, in, xe.cdata(), in, we.cdata(), in, result.data(), out);
+    if (bias.defined()) matrix(result, out).rowwise() += flat(bias).matrix().transpose();
+    return result;
+  });
+  if (grad_needed(x, weight, bias)) {
+    const bool dx = x.requires_grad(), dw = weight.requires_grad();
+    std::vector<SavedTensor> saved;
+    if (dx) saved.emplace_back(we);
+    if (dw) saved.emplace_back(xe);
+    record<T>(op::linear, {x, weight, bias}, {&y}, std::move(saved),
+              [dx, dw, in, out, xs = x.shape()](BackwardContext<T>& ctx) {
+                const BasicTensor<T>& g = ctx.grad_output();
+                const BasicTensor<E> ge = as_operand<E>(g);
+                const std::int64_t rows = xs.numel() / std::max<std::int64_t>(in, 1);
+                if (dx) {
+                  BasicTensor<T> gx(xs);
+                  gemm(false, false, rows, in, out, ge.cdata(), out, ctx.template saved<E>(0).cdata(), in, gx.data(), in);
+                  ctx.accumulate(0, std::move(gx));
+                }
+                if (dw) {
+                  BasicTensor<T> gw(Shape{out, in});
+                  gemm(true, false, out, in, rows, ge.cdata(), out, ctx.template saved<E>(dx ? 1 : 0).cdata(), in, gw.data(),
+                       in);
+                  ctx.accumulate(1, std::move(gw));
+                }
+                if (ctx.needs_grad(2)) {
+                  BasicTensor<T> gb(Shape{out});
+                  const T* pdy = g.data();  // the bias gradient sums in float32 (not a product)
+                  column_sums(rows, out, gb.data(), [&](std::int64_t i, T* acc) {
+                    ArrayMap<T>(acc, out) += ConstArrayMap<T>(pdy + i * out, out);
+                  });
+                  ctx.accumulate(2, std::move(gb));
+                }
+              });
+  }
+  return y;
+}
+
+}  // namespace detail
+
 /// x (..., in), weight (out, in), bias (out,) or undefined  ->  y (..., out).
 /// dx = dy W,  dW = Σ_rows dyᵀ x,  db = Σ_rows dy.
-/// Saves: W if x needs a gradient, x if W does.
+/// Saves: W if x needs a gradient, x if W does. Under autocast (float32): the product and its
+/// gradients on bfloat16 copies of x, W and dy with float32 sums, the bias added in float32, and
+/// the bfloat16 copies saved.
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias = {}) {
   REMAT_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}", weight.shape());
   REMAT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
               "linear: input {} has {} features in its last dim, weight {} expects {}", x.shape(),
               x.dim() ? x.size(-1) : 0, weight.shape(), weight.size(1));
-  const std::int64_t in = weight.size(1), out = weight.size(0);
-  REMAT_CHECK(!bias.defined() || bias.shape() == Shape{out}, "linear: bias has shape {}, expected ({},)",
-              bias.shape(), out);
-  std::vector<std::int64_t> s = x.shape().vec();
-  s.back() = out;
-  const double flops = 2.0 * static_cast<double>(x.numel() / std::max<std::int64_t>(in, 1)) * static_cast<double>(in * out);
-  BasicTensor<T> y = detail::produce<T>(op::linear, Shape(s), flops, {x, weight, bias}, [=] {
-    BasicTensor<T> result{Shape(s)};
-    const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
-    detail::gemm(false, true, rows, out, in, x.data(), in, weight.data(), in, result.data(), out);
-    if (bias.defined()) detail::matrix(result, out).rowwise() += detail::flat(bias).matrix().transpose();
-    return result;
-  });
-  if (detail::grad_needed(x, weight, bias)) {
-    const bool dx = x.requires_grad(), dw = weight.requires_grad();
-    std::vector<detail::SavedTensor> saved;
-    if (dx) saved.emplace_back(weight);
-    if (dw) saved.emplace_back(x);
-    detail::record<T>(op::linear, {x, weight, bias}, {&y}, std::move(saved),
-                      [dx, dw, in, out, xs = x.shape()](detail::BackwardContext<T>& ctx) {
-                        const BasicTensor<T>& g = ctx.grad_output();
-                        const std::int64_t rows = xs.numel() / std::max<std::int64_t>(in, 1);
-                        if (dx) {
-                          BasicTensor<T> gx(xs);
-                          detail::gemm(false, false, rows, in, out, g.data(), out, ctx.saved(0).cdata(), in, gx.data(), in);
-                          ctx.accumulate(0, std::move(gx));
-                        }
-                        if (dw) {
-                          BasicTensor<T> gw(Shape{out, in});
-                          detail::gemm(true, false, out, in, rows, g.data(), out, ctx.saved(dx ? 1 : 0).cdata(), in, gw.data(), in);
-                          ctx.accumulate(1, std::move(gw));
-                        }
-                        if (ctx.needs_grad(2)) {
-                          BasicTensor<T> gb(Shape{out});
-                          const T* pdy = g.data();
-                          detail::column_sums(rows, out, gb.data(), [&](std::int64_t i, T* acc) {
-                            detail::ArrayMap<T>(acc, out) += detail::ConstArrayMap<T>(pdy + i * out, out);
-                          });
-                          ctx.accumulate(2, std::move(gb));
-                        }
-                      });
+  REMAT_CHECK(!bias.defined() || bias.shape() == Shape{weight.size(0)}, "linear: bias has shape {}, expected ({},)",
+              bias.shape(), weight.size(0));
+  if constexpr (detail::kAutocasts<T>) {
+    if (is_autocast_enabled())
+      return detail::linear_with<T, bfloat16>(x, weight, bias, detail::bfloat16_copy(x), detail::bfloat16_copy(weight));
   }
-  return y;
+  return detail::linear_with<T, T>(x, weight, bias, x, weight);
 }
 
 }  // namespace remat

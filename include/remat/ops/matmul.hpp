@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
@@ -64,23 +65,14 @@ inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
 
 }  // namespace detail
 
-/// C = op(A) op(B) over the last two dims, op transposing those two dims when its flag is set,
-/// without a copy (the GEMM reads the operand transposed): op(A) (..., M, K), op(B) (..., K, N)
-/// -> (..., M, N); batch dims broadcast. q kᵀ is matmul(q, k, false, true), what PyTorch's
-/// q @ k.transpose(-2, -1) computes on a strided view. When B is 2-D and A not transposed, A's
-/// leading dims fold into one (M·batch, K) GEMM.
-/// dA = dC op(B)ᵀ (transposed back when A was), dB = op(A)ᵀ dC (likewise), each summed over the
-/// batch dims its operand was broadcast along.
-/// Saves: B if A needs a gradient, A if B does.
-template <class T>
-BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool transpose_a, bool transpose_b) {
-  REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
-              a.shape(), b.shape());
-  const bool ta = transpose_a, tb = transpose_b;
+namespace detail {
+
+/// matmul over operands in element type E (T itself, or bfloat16 under autocast): ae and be are a
+/// and b as the GEMM reads them, and what the node saves.
+template <class T, class E>
+BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, const BasicTensor<E>& ae,
+                           const BasicTensor<E>& be, bool ta, bool tb) {
   const std::int64_t M = a.size(ta ? -1 : -2), K = a.size(ta ? -2 : -1), N = b.size(tb ? -2 : -1);
-  REMAT_CHECK(b.size(tb ? -1 : -2) == K,
-              "matmul: inner dims differ: {}{} @ {}{} (A contributes {} to the product's inner dim, B {})", a.shape(),
-              ta ? "ᵀ" : "", b.shape(), tb ? "ᵀ" : "", K, b.size(tb ? -1 : -2));
   const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;  // row lengths of A and B as stored
   const bool fold = b.dim() == 2 && !ta;  // (..., M, K) @ op(B): one GEMM over all rows of A
   detail::MatmulBatches batches;
@@ -100,10 +92,10 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
   BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, {a, b}, [=] {
     BasicTensor<T> out(out_shape);
     if (fold) {
-      detail::gemm(false, tb, N ? out.numel() / N : 0, N, K, a.cdata(), K, b.cdata(), ldb, out.data(), N);
+      detail::gemm(false, tb, N ? out.numel() / N : 0, N, K, ae.cdata(), K, be.cdata(), ldb, out.data(), N);
     } else {
-      const T* pa = a.cdata();
-      const T* pb = b.cdata();
+      const E* pa = ae.cdata();
+      const E* pb = be.cdata();
       T* pc = out.data();
       detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
         const auto u = static_cast<std::size_t>(i);
@@ -115,21 +107,21 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
   if (detail::grad_needed(a, b)) {
     const bool da = a.requires_grad(), db = b.requires_grad();
     std::vector<detail::SavedTensor> saved;
-    if (da) saved.emplace_back(b);
-    if (db) saved.emplace_back(a);
+    if (da) saved.emplace_back(be);
+    if (db) saved.emplace_back(ae);
     detail::record<T>(
         op::matmul, {a, b}, {&c}, std::move(saved),
         [da, db, ta, tb, fold, batches, sa = a.shape(), sb = b.shape(), M, K, N, lda, ldb](detail::BackwardContext<T>& ctx) {
-          const BasicTensor<T>& dc = ctx.grad_output();
-          const BasicTensor<T> bv = da ? ctx.saved(0) : BasicTensor<T>();
-          const BasicTensor<T> av = db ? ctx.saved(da ? 1 : 0) : BasicTensor<T>();
+          const BasicTensor<E> dc = detail::as_operand<E>(ctx.grad_output());
+          const BasicTensor<E> bv = da ? ctx.template saved<E>(0) : BasicTensor<E>();
+          const BasicTensor<E> av = db ? ctx.template saved<E>(da ? 1 : 0) : BasicTensor<E>();
           // One product's gradients, as stored: dA = dC op(B)ᵀ, or its transpose op(B) dCᵀ when A
           // is stored transposed; dB = op(A)ᵀ dC, or dCᵀ op(A) when B is.
-          auto grad_a = [&](std::int64_t m, const T* dci, const T* bi, T* gai, bool accumulate) {
+          auto grad_a = [&](std::int64_t m, const E* dci, const E* bi, T* gai, bool accumulate) {
             if (ta) detail::gemm(tb, true, K, m, N, bi, ldb, dci, N, gai, lda, accumulate);
             else detail::gemm(false, !tb, m, K, N, dci, N, bi, ldb, gai, lda, accumulate);
           };
-          auto grad_b = [&](std::int64_t m, const T* dci, const T* ai, T* gbi, bool accumulate) {
+          auto grad_b = [&](std::int64_t m, const E* dci, const E* ai, T* gbi, bool accumulate) {
             if (tb) detail::gemm(true, ta, N, K, m, dci, N, ai, lda, gbi, ldb, accumulate);
             else detail::gemm(!ta, false, K, N, m, ai, lda, dci, N, gbi, ldb, accumulate);
           };
@@ -156,14 +148,14 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
             gb = BasicTensor<T>(sb);
             detail::flat(gb).setZero();
           }
-          const T* pdc = dc.cdata();
-          const T* pbv = da ? bv.cdata() : nullptr;
-          const T* pav = db ? av.cdata() : nullptr;
+          const E* pdc = dc.cdata();
+          const E* pbv = da ? bv.cdata() : nullptr;
+          const E* pav = db ? av.cdata() : nullptr;
           T* pga = da ? ga.data() : nullptr;
           T* pgb = db ? gb.data() : nullptr;
           detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
             const auto u = static_cast<std::size_t>(i);
-            const T* dci = pdc + i * M * N;
+            const E* dci = pdc + i * M * N;
             if (da) grad_a(M, dci, pbv + batches.b_offset[u], pga + batches.a_offset[u], /*accumulate=*/true);
             if (db) grad_b(M, dci, pav + batches.a_offset[u], pgb + batches.b_offset[u], /*accumulate=*/true);
           });
@@ -172,6 +164,34 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
         });
   }
   return c;
+}
+
+}  // namespace detail
+
+/// C = op(A) op(B) over the last two dims, op transposing those two dims when its flag is set,
+/// without a copy (the GEMM reads the operand transposed): op(A) (..., M, K), op(B) (..., K, N)
+/// -> (..., M, N); batch dims broadcast. q kᵀ is matmul(q, k, false, true), what PyTorch's
+/// q @ k.transpose(-2, -1) computes on a strided view. When B is 2-D and A not transposed, A's
+/// leading dims fold into one (M·batch, K) GEMM.
+/// dA = dC op(B)ᵀ (transposed back when A was), dB = op(A)ᵀ dC (likewise), each summed over the
+/// batch dims its operand was broadcast along.
+/// Saves: B if A needs a gradient, A if B does.
+/// Under autocast (float32): the products on bfloat16 copies of A, B and dC with float32 sums, the
+/// copies saved.
+template <class T>
+BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool transpose_a, bool transpose_b) {
+  REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
+              a.shape(), b.shape());
+  const bool ta = transpose_a, tb = transpose_b;
+  const std::int64_t K = a.size(ta ? -2 : -1);
+  REMAT_CHECK(b.size(tb ? -1 : -2) == K,
+              "matmul: inner dims differ: {}{} @ {}{} (A contributes {} to the product's inner dim, B {})", a.shape(),
+              ta ? "ᵀ" : "", b.shape(), tb ? "ᵀ" : "", K, b.size(tb ? -1 : -2));
+  if constexpr (detail::kAutocasts<T>) {
+    if (is_autocast_enabled())
+      return detail::matmul_with<T, bfloat16>(a, b, detail::bfloat16_copy(a), detail::bfloat16_copy(b), ta, tb);
+  }
+  return detail::matmul_with<T, T>(a, b, a, b, ta, tb);
 }
 
 /// C = A B over the last two dims: A (..., M, K), B (..., K, N) -> (..., M, N), as torch.matmul

@@ -1,0 +1,151 @@
+// remat::autocast (core/autocast.hpp): float32 products on bfloat16 operands with float32 sums.
+// The reference is the same product computed in double from the bfloat16-rounded operands, so what
+// is checked is exactly the rule: operands (and, in backward, the output gradient) rounded to
+// bfloat16, everything else float32.
+
+#include <cmath>
+#include <tuple>
+
+#include "support.hpp"
+
+using namespace remat;
+
+namespace {
+
+/// The values of t rounded to bfloat16, as doubles.
+std::vector<double> rounded(const Tensor& t) {
+  std::vector<double> out;
+  for (float v : t.to_vector()) out.push_back(static_cast<double>(detail::to_float(detail::to_bfloat16(v))));
+  return out;
+}
+
+/// C = op(A) op(B) for one matrix each, in double, over rounded operands; |products| summed beside.
+std::pair<std::vector<double>, std::vector<double>> reference(const std::vector<double>& a, const std::vector<double>& b,
+                                                              std::int64_t M, std::int64_t N, std::int64_t K, bool ta,
+                                                              bool tb) {
+  std::vector<double> c(static_cast<std::size_t>(M * N)), mag(c.size());
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j)
+      for (std::int64_t p = 0; p < K; ++p) {
+        const double x = a[static_cast<std::size_t>(ta ? p * M + i : i * K + p)];
+        const double y = b[static_cast<std::size_t>(tb ? j * K + p : p * N + j)];
+        c[static_cast<std::size_t>(i * N + j)] += x * y;
+        mag[static_cast<std::size_t>(i * N + j)] += std::abs(x * y);
+      }
+  return {c, mag};
+}
+
+/// Every element of got within float32 summation error of want (K products, |sum| <= mag).
+void require_close(const Tensor& got, const std::vector<double>& want, const std::vector<double>& mag, std::int64_t K) {
+  const std::vector<float> g = got.to_vector();
+  REQUIRE(g.size() == want.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": " << g[i] << " vs " << want[i]);
+    REQUIRE(std::abs(static_cast<double>(g[i]) - want[i]) <= 1e-7 * static_cast<double>(K + 2) * mag[i] + 1e-30);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("autocast: matmul runs on bfloat16 operands with float32 sums, forward and backward", "[ops][autocast]") {
+  Generator g(31);
+  for (auto [M, N, K, ta, tb] : {std::tuple{5, 7, 9, false, false}, {6, 4, 33, true, false}, {3, 8, 16, false, true},
+                                 {9, 5, 12, true, true}}) {
+    CAPTURE(M, N, K, ta, tb);
+    Tensor a = randn(ta ? Shape{K, M} : Shape{M, K}, g).requires_grad_();
+    Tensor b = randn(tb ? Shape{N, K} : Shape{K, N}, g).requires_grad_();
+    const Tensor dc = randn({M, N}, g);
+    Tensor c;
+    {
+      autocast on;
+      CHECK(is_autocast_enabled());
+      c = matmul(a, b, ta, tb);
+    }
+    CHECK_FALSE(is_autocast_enabled());
+    CHECK(std::string(c.dtype()) == "float32");
+    c.backward(dc);  // outside the scope, as in PyTorch: the node kept what autocast chose
+    const auto [want, mag] = reference(rounded(a), rounded(b), M, N, K, ta, tb);
+    require_close(c, want, mag, K);
+    // dA = dC op(B)ᵀ (stored transposed when A is), dB = op(A)ᵀ dC, over rounded dC.
+    const std::vector<double> rdc = rounded(dc), ra = rounded(a), rb = rounded(b);
+    std::vector<double> da(ra.size()), da_mag(ra.size()), db(rb.size()), db_mag(rb.size());
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j)
+        for (std::int64_t p = 0; p < K; ++p) {
+          const double d = rdc[static_cast<std::size_t>(i * N + j)];
+          const std::size_t ai = static_cast<std::size_t>(ta ? p * M + i : i * K + p);
+          const std::size_t bi = static_cast<std::size_t>(tb ? j * K + p : p * N + j);
+          da[ai] += d * rb[bi];
+          da_mag[ai] += std::abs(d * rb[bi]);
+          db[bi] += ra[ai] * d;
+          db_mag[bi] += std::abs(ra[ai] * d);
+        }
+    require_close(a.grad(), da, da_mag, N);
+    require_close(b.grad(), db, db_mag, M);
+  }
+}
+
+TEST_CASE("autocast: batched and broadcast matmul, and linear with its bias in float32", "[ops][autocast]") {
+  Generator g(32);
+  Tensor a = randn({2, 3, 4, 8}, g), b = randn({8, 5}, g), w = randn({6, 8}, g), bias = randn({6}, g);
+  Tensor c, y;
+  {
+    autocast on;
+    c = matmul(a, b);                                   // folded: one GEMM over all rows
+    y = linear(a, w, bias);
+  }
+  const std::vector<double> ra = rounded(a), rb = rounded(b), rw = rounded(w);
+  const auto [want_c, mag_c] = reference(ra, rb, 24, 5, 8, false, false);
+  require_close(c, want_c, mag_c, 8);
+  auto [want_y, mag_y] = reference(ra, rw, 24, 6, 8, false, true);
+  const std::vector<float> bv = bias.to_vector();
+  for (std::size_t i = 0; i < want_y.size(); ++i) {
+    want_y[i] += bv[i % 6];  // the bias is not rounded: it is added in float32
+    mag_y[i] += std::abs(static_cast<double>(bv[i % 6]));
+  }
+  require_close(y, want_y, mag_y, 8);
+  Tensor q = randn({2, 3, 4, 8}, g), k = randn({3, 6, 8}, g), s;
+  {
+    autocast on;
+    s = matmul(q, k, false, true);  // batch dims broadcast (2, 3) against (3,)
+  }
+  const Tensor plain = matmul(q, k, false, true);
+  CHECK(s.shape() == plain.shape());
+  const std::vector<float> sv = s.to_vector(), pv = plain.to_vector();
+  double worst = 0;
+  for (std::size_t i = 0; i < sv.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(sv[i] - pv[i])));
+  CHECK(worst > 0);      // it did round
+  CHECK(worst < 0.1);    // to bfloat16's precision, not worse
+}
+
+TEST_CASE("autocast: what products save for backward is the bfloat16 copies, half the bytes", "[ops][autocast]") {
+  Generator g(33);
+  Tensor x = randn({64, 32}, g).requires_grad_(), w = randn({16, 32}, g).requires_grad_();
+  auto saved_by = [&](bool on) {
+    const std::size_t before = memory_stats().saved_bytes;
+    autocast scope(on);
+    Tensor y = linear(x, w);
+    const std::size_t saved = memory_stats().saved_bytes - before;
+    sum(y).backward();
+    return saved;
+  };
+  const std::size_t fp32 = saved_by(false), bf16 = saved_by(true);
+  CHECK(fp32 == (64 * 32 + 16 * 32) * sizeof(float));
+  CHECK(bf16 == (64 * 32 + 16 * 32) * 2);
+}
+
+TEST_CASE("autocast: double tensors and a disabled region compute exactly as without it", "[ops][autocast]") {
+  Generator g(34);
+  const DoubleTensor a = to<double>(randn({5, 6}, g)), b = to<double>(randn({6, 3}, g));
+  const Tensor x = randn({5, 6}, g), y = randn({6, 3}, g);
+  const DoubleTensor plain = matmul(a, b);
+  const Tensor plain_f = matmul(x, y);
+  autocast on;
+  CHECK(matmul(a, b).to_vector() == plain.to_vector());
+  {
+    autocast off(false);
+    CHECK_FALSE(is_autocast_enabled());
+    CHECK(matmul(x, y).to_vector() == plain_f.to_vector());
+  }
+  CHECK(matmul(x, y).to_vector() != plain_f.to_vector());
+}
