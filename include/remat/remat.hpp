@@ -11,6 +11,7 @@
 #include "remat/core/op_output.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/core/random.hpp"
+#include "remat/core/save_bfloat16.hpp"
 #include "remat/core/saved_report.hpp"
 #include "remat/core/saved_tensor.hpp"
 #include "remat/core/saved_tensor_hooks.hpp"

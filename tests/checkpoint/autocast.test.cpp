@@ -53,3 +53,76 @@ TEST_CASE("autocast: a chain step under binomial replays in bfloat16 when backwa
     CHECK_SAME_RUNS([&] { return run(std::nullopt); }, [&] { return run(p); }, 5);
   }
 }
+
+TEST_CASE("autocast: a parameter is cast once per scope, and replays reuse the forward's copy", "[chain][autocast]") {
+  Generator init(42);
+  nn::Linear lin(8, 8, true, init);
+  const Tensor data = randn({3, 8}, init);
+  std::vector<ChainStep> steps;
+  for (int i = 0; i < 9; ++i) steps.push_back([&](const Tensor& x) { return tanh(lin(x)); });
+  const Policy binomial = *policy::parse("binomial:2").schedule;
+  autocast on;
+  Tensor y = checkpoint_sequential(steps, data, binomial);
+  // One weight, nine products: narrowed once. (The inputs are not parameters: narrowed each time.)
+  CHECK(autocast_cache_stats().casts == 1);
+  CHECK(autocast_cache_stats().reuses == 8);
+  CHECK(autocast_cache_stats().bytes == 8 * 8 * 2);
+  sum(y).backward();
+  // Binomial with 2 snapshots replays steps; every replay read the cached copy.
+  CHECK(autocast_cache_stats().casts == 1);
+  CHECK(autocast_cache_stats().reuses > 8);
+}
+
+TEST_CASE("autocast: a checkpointed segment's replay casts nothing again; the casts go with the step",
+          "[checkpoint][autocast]") {
+  auto casts = [](const char* how) {
+    test::GptStep step(how);
+    const std::size_t before = memory_stats().live_bytes;
+    detail::AutocastCache::Stats stats;
+    std::size_t during = 0;
+    {
+      autocast on;
+      Tensor loss = step.loss();
+      during = autocast_cache_stats().bytes;
+      loss.backward();
+      stats = autocast_cache_stats();
+    }
+    // The copies were in the books while the scope lived, and are gone with it (the gradients
+    // of the parameters stay).
+    CHECK(during > 0);
+    std::size_t grads = 0;
+    for (Tensor* p : step.gpt.parameters()) grads += p->grad().nbytes();
+    CHECK(memory_stats().live_bytes == before + grads);
+    return stats;
+  };
+  const detail::AutocastCache::Stats none = casts(nullptr), blocks = casts("blocks");
+  CHECK(none.casts > 0);
+  CHECK(blocks.casts == none.casts);    // the replays reused the forward's copies
+  CHECK(blocks.reuses > none.reuses);   // and read them
+  CHECK(blocks.bytes == none.bytes);
+}
+
+TEST_CASE("autocast: a parameter written in place inside a long scope is cast again", "[checkpoint][autocast]") {
+  // Two SGD steps under one guard equal two steps each under its own: the second step's products
+  // read the updated weights, not the first step's copies.
+  auto train = [](bool one_scope) {
+    test::GptStep step("blocks");
+    optim::SGD opt(step.gpt.parameters(), {0.1});
+    std::optional<autocast> outer;
+    if (one_scope) outer.emplace();
+    for (int i = 0; i < 2; ++i) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        autocast on;
+        loss = step.loss();
+      }
+      loss.backward();
+      opt.step();
+    }
+    testing::RunRecord r;
+    for (auto& [name, p] : step.gpt.named_parameters()) r.tensor(name, *p);
+    return r.grads(step.gpt);
+  };
+  CHECK_SAME_RUNS([&] { return train(false); }, [&] { return train(true); }, 7);
+}

@@ -257,18 +257,22 @@ TEST_CASE("bfloat16: the conversion gives the same bits on every thread count", 
   for (std::size_t i = 0; i < bits.size(); i += 101) CHECK(runs[0][i] == detail::bfloat16_bits(float_of(bits[i])));
 }
 
-TEST_CASE("bfloat16: a cast of a tensor that needs a gradient throws; without grad it converts", "[core][bfloat16]") {
+TEST_CASE("bfloat16: a cast of a tensor that needs a gradient is recorded; without grad it converts", "[core][bfloat16]") {
   Tensor x = tensor({1.0f, 2.0f, 3.0f}, {1, 3}).requires_grad_();
-  REQUIRE_ERROR(to<bfloat16>(x), "to<bfloat16>", "float32", "(1, 3)", "requires grad", "autocast", "detach()");
-  REQUIRE_ERROR(to<bfloat16>(x * 2.0f), "to<bfloat16>", "requires grad");
+  const BFloat16Tensor h = to<bfloat16>(x);
+  CHECK(h.requires_grad());
+  CHECK_FALSE(h.is_leaf());
+  CHECK(to<bfloat16>(x * 2.0f).requires_grad());
+  CHECK(to<double>(x).requires_grad());  // every cast between floating types is recorded
   const BFloat16Tensor d = to<bfloat16>(x.detach());
+  CHECK_FALSE(d.requires_grad());
   CHECK(test::values(to<float>(d)) == std::vector<float>{1, 2, 3});
   {
     no_grad guard;
-    const BFloat16Tensor h = to<bfloat16>(x);
-    CHECK_FALSE(h.requires_grad());
-    CHECK(test::values(to<float>(h)) == std::vector<float>{1, 2, 3});
+    const BFloat16Tensor n = to<bfloat16>(x);
+    CHECK_FALSE(n.requires_grad());
+    CHECK(test::values(to<float>(n)) == std::vector<float>{1, 2, 3});
   }
-  // Converting to other types keeps its old rule: a copy without history.
-  CHECK_FALSE(to<double>(x).requires_grad());
+  // A cast to an integer type has no history (such tensors take no gradient), as in PyTorch.
+  CHECK_FALSE(to<std::int64_t>(x).requires_grad());
 }

@@ -96,7 +96,8 @@ std::vector<Tensor> copies(const std::vector<Tensor*>& ps, bool grads) {
 }
 
 /// One process: each step accumulates the N micro-batches in rank order, divides by N, AdamW.
-Trajectory reference(int ranks, int steps) {
+/// `mixed`: each forward under remat::autocast (backward outside it).
+Trajectory reference(int ranks, int steps, bool mixed = false) {
   Generator init(5);
   nn::GPT model(tiny_gpt(), init);
   optim::AdamW adamw(gpt_groups(model), kAdamW);
@@ -105,7 +106,12 @@ Trajectory reference(int ranks, int steps) {
     for (int r = 0; r < ranks; ++r) {
       const MicroBatch mb = micro_batch(step, r);
       manual_seed(mb.seed);
-      model.loss(mb.x, mb.y).backward();
+      Tensor loss;
+      {
+        autocast on(mixed);
+        loss = model.loss(mb.x, mb.y);
+      }
+      loss.backward();
     }
     for (Tensor* p : model.parameters()) {
       Tensor g = p->grad();
@@ -119,8 +125,10 @@ Trajectory reference(int ranks, int steps) {
   return out;
 }
 
-/// N ranks: rank r runs micro-batch r of each step under `policy`.
-Trajectory distributed(const std::string& policy, bool sharded, int steps, dist::DataParallelOptions options = {}) {
+/// N ranks: rank r runs micro-batch r of each step under `policy` (`mixed`: the forward under
+/// remat::autocast, backward and the float32 gradient reduction outside it).
+Trajectory distributed(const std::string& policy, bool sharded, int steps, dist::DataParallelOptions options = {},
+                       bool mixed = false) {
   dist::Context& ctx = world();
   Generator init(5);
   nn::GPT model(tiny_gpt(), init);
@@ -136,7 +144,12 @@ Trajectory distributed(const std::string& policy, bool sharded, int steps, dist:
   for (int step = 0; step < steps; ++step) {
     const MicroBatch mb = micro_batch(step, ctx.rank());
     manual_seed(mb.seed);
-    model.loss(mb.x, mb.y).backward();
+    Tensor loss;
+    {
+      autocast on(mixed);
+      loss = model.loss(mb.x, mb.y);
+    }
+    loss.backward();
     if (sharded) ddp.gather_gradients();
     out.grads.push_back(copies(model.parameters(), true));
     opt->step();
@@ -162,6 +175,35 @@ TEST_CASE("dist: DataParallel (and ZeRO-1) give the gradients and weights of one
       for (int step = 0; step < steps; ++step)
         for (std::size_t i = 0; i < expected.grads[0].size(); ++i) {
           INFO("step " << step << ", parameter " << i);
+          CHECK(bitwise_equal(got.grads[static_cast<std::size_t>(step)][i], expected.grads[static_cast<std::size_t>(step)][i]));
+        }
+      for (std::size_t i = 0; i < expected.weights.size(); ++i) {
+        INFO("weights after " << steps << " steps, parameter " << i);
+        CHECK(bitwise_equal(got.weights[i], expected.weights[i]));
+      }
+    }
+}
+
+TEST_CASE("dist: under autocast, DataParallel (and ZeRO-1) give the gradients and weights of one process "
+          "accumulating the ranks' micro-batches, bitwise, gradients reduced in float32", "[dist][autocast]") {
+  const int steps = 3;
+  const Trajectory expected = reference(world().world_size(), steps, true);
+  // bfloat16 was in force: the float32 trajectory ends elsewhere.
+  const Trajectory fp32 = reference(world().world_size(), steps, false);
+  bool all_equal = true;
+  for (std::size_t i = 0; i < expected.weights.size(); ++i) all_equal = all_equal && bitwise_equal(fp32.weights[i], expected.weights[i]);
+  CHECK_FALSE(all_equal);
+  dist::DataParallelOptions small_buckets;
+  small_buckets.first_bucket_bytes = 2048;
+  small_buckets.bucket_bytes = 8192;
+  for (const std::string policy : {"none", "blocks", "binomial:3", "selective", "budget:1"})
+    for (const bool sharded : {false, true}) {
+      INFO("policy " << policy << (sharded ? ", sharded optimizer state" : ", whole optimizer state"));
+      const Trajectory got = distributed(policy, sharded, steps, small_buckets, true);
+      for (int step = 0; step < steps; ++step)
+        for (std::size_t i = 0; i < expected.grads[0].size(); ++i) {
+          INFO("step " << step << ", parameter " << i);
+          // float32 gradients (Tensor), reduced in float32: the one-process sums' bits
           CHECK(bitwise_equal(got.grads[static_cast<std::size_t>(step)][i], expected.grads[static_cast<std::size_t>(step)][i]));
         }
       for (std::size_t i = 0; i < expected.weights.size(); ++i) {

@@ -149,3 +149,113 @@ TEST_CASE("autocast: double tensors and a disabled region compute exactly as wit
   }
   CHECK(matmul(x, y).to_vector() != plain_f.to_vector());
 }
+
+namespace {
+
+/// y and the gradients of causal attention in double, from q, k, v (B, H, T, D) as doubles, dy
+/// the output gradient: P = softmax(mask(q kᵀ / √D)), y = P v, and the backward formulas. Beside
+/// y, Σ_j P_ij |v_jc|: the bound on what rounding P to bfloat16 (relative 2⁻⁸) can move y by.
+struct AttentionReference {
+  std::vector<double> y, y_mag, dq, dk, dv;
+};
+
+AttentionReference attention_reference(const std::vector<double>& q, const std::vector<double>& k,
+                                       const std::vector<double>& v, const std::vector<double>& dy, std::int64_t BH,
+                                       std::int64_t T, std::int64_t D) {
+  AttentionReference r;
+  const auto n = static_cast<std::size_t>(BH * T * D);
+  r.y.assign(n, 0), r.y_mag.assign(n, 0), r.dq.assign(n, 0), r.dk.assign(n, 0), r.dv.assign(n, 0);
+  const double a = 1.0 / std::sqrt(static_cast<double>(D));
+  auto at = [&](std::int64_t bh, std::int64_t i, std::int64_t c) { return static_cast<std::size_t>((bh * T + i) * D + c); };
+  for (std::int64_t bh = 0; bh < BH; ++bh)
+    for (std::int64_t i = 0; i < T; ++i) {
+      std::vector<double> p(static_cast<std::size_t>(i + 1)), dp(p.size());
+      double m = -1e300, z = 0, rowdot = 0;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double s = 0;
+        for (std::int64_t c = 0; c < D; ++c) s += q[at(bh, i, c)] * k[at(bh, j, c)];
+        p[static_cast<std::size_t>(j)] = s * a;
+        m = std::max(m, s * a);
+      }
+      for (double& e : p) z += (e = std::exp(e - m));
+      for (std::int64_t j = 0; j <= i; ++j) {
+        const double pj = p[static_cast<std::size_t>(j)] /= z;
+        double d = 0;
+        for (std::int64_t c = 0; c < D; ++c) {
+          r.y[at(bh, i, c)] += pj * v[at(bh, j, c)];
+          r.y_mag[at(bh, i, c)] += pj * std::abs(v[at(bh, j, c)]);
+          r.dv[at(bh, j, c)] += pj * dy[at(bh, i, c)];
+          d += dy[at(bh, i, c)] * v[at(bh, j, c)];
+        }
+        dp[static_cast<std::size_t>(j)] = d;
+        rowdot += d * pj;
+      }
+      for (std::int64_t j = 0; j <= i; ++j) {
+        const double ds = p[static_cast<std::size_t>(j)] * (dp[static_cast<std::size_t>(j)] - rowdot) * a;
+        for (std::int64_t c = 0; c < D; ++c) {
+          r.dq[at(bh, i, c)] += ds * k[at(bh, j, c)];
+          r.dk[at(bh, j, c)] += ds * q[at(bh, i, c)];
+        }
+      }
+    }
+  return r;
+}
+
+/// The largest |got − want| relative to the largest |want|.
+double relative_error(const Tensor& got, const std::vector<double>& want) {
+  const std::vector<float> g = got.to_vector();
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(g[i]) - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return worst / scale;
+}
+
+}  // namespace
+
+TEST_CASE("autocast: the fused attention's products run in bfloat16, its softmax in float32", "[ops][autocast]") {
+  Generator g(35);
+  const std::int64_t B = 2, H = 3, T = 17, D = 16;
+  Tensor q = randn({B, H, T, D}, g).requires_grad_(), k = randn({B, H, T, D}, g).requires_grad_(),
+         v = randn({B, H, T, D}, g).requires_grad_();
+  const Tensor dy = randn({B, H, T, D}, g);
+  const std::size_t before = memory_stats().saved_bytes;
+  Tensor y;
+  {
+    autocast on;
+    y = causal_attention(q, k, v);
+  }
+  const std::size_t saved = memory_stats().saved_bytes - before;
+  CHECK(saved == static_cast<std::size_t>(3 * B * H * T * D * 2 + B * H * T * 4));  // q, k, v narrowed; the lse float32
+  y.backward(dy);
+  // Against double arithmetic on the rounded q, k, v (and dy): y moves only by rounding P before
+  // P v, at most 2⁻⁸ of Σ_j P_ij |v_j| (plus float32 sums); float32 products would be far closer.
+  const AttentionReference r = attention_reference(rounded(q), rounded(k), rounded(v), rounded(dy), B * H, T, D);
+  const std::vector<float> yv = y.to_vector();
+  double worst_share = 0;
+  for (std::size_t i = 0; i < yv.size(); ++i) {
+    const double err = std::abs(static_cast<double>(yv[i]) - r.y[i]);
+    INFO("y element " << i << ": " << yv[i] << " vs " << r.y[i]);
+    REQUIRE(err <= std::ldexp(1.0, -8) * r.y_mag[i] + 1e-5 * r.y_mag[i]);
+    worst_share = std::max(worst_share, err / r.y_mag[i]);
+  }
+  CHECK(worst_share > 1e-4);  // P was rounded (float32 P would leave ~1e-7)
+  // The gradients: dS and Pd rounded too, each a relative 2⁻⁸ of terms of the size of the largest.
+  CHECK(relative_error(q.grad(), r.dq) < 0.02);
+  CHECK(relative_error(k.grad(), r.dk) < 0.02);
+  CHECK(relative_error(v.grad(), r.dv) < 0.02);
+  CHECK(relative_error(v.grad(), r.dv) > 1e-4);
+
+  // The packed form is bitwise the separate one under autocast, as without it, dropout on.
+  const Tensor qkv = randn({B, T, 3 * H * D}, g);
+  const auto parts = split(qkv, H * D, -1);
+  auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };
+  Generator g1(5), g2(5);
+  autocast on;
+  const Tensor packed = causal_self_attention(qkv, H, 0.1, true, g1);
+  const Tensor separate = reshape(permute(causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), 0.1, true, g2),
+                                          {0, 2, 1, 3}),
+                                  {B, T, H * D});
+  CHECK(packed.to_vector() == separate.to_vector());
+}

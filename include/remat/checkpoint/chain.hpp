@@ -177,6 +177,7 @@ struct ChainRun {
   struct FirstRuns {
     StateRuns rng;                                     // the default generator's state
     EqualRuns<bool> autocast;                          // whether remat::autocast was on (replays too)
+    std::shared_ptr<AutocastCache> autocast_cache;     // the parameter casts of the chain's autocast scope
     std::map<std::size_t, DrawnGenerators> other_rng;  // the steps that drew from other generators too
     EqualRuns<Shape> out_shapes;                       // the output's shape
     std::vector<std::uint64_t> out_hashes;             // and its values' hash, when check_values
@@ -231,6 +232,7 @@ struct ChainRun {
     if (k == first.rng.size()) {
       first.rng.push_back(default_generator().state());
       first.autocast.push_back(session().autocast);
+      if (!first.autocast_cache) first.autocast_cache = session().autocast_cache;
       SegmentReads reads;
       Tensor y;
       {
@@ -272,7 +274,8 @@ struct ChainRun {
     ReplayNotice notice({"chain", name.c_str(), i});
     try {
       const auto others = first.other_rng.find(k);
-      y = as_replay(first.rng[k], others == first.other_rng.end() ? nullptr : &others->second, first.autocast[k], [&] {
+      y = as_replay(first.rng[k], others == first.other_rng.end() ? nullptr : &others->second,
+                    AutocastState{first.autocast[k], first.autocast_cache}, [&] {
         RunHandlers handlers;
         const CompactRebuilder* rebuilder =
             rebuild ? &handlers.rebuilder(*rebuild, first.op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()))

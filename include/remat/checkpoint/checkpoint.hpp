@@ -79,7 +79,7 @@ struct Segment {
   bool early_stop = true;
   bool debug = false;
   Generator::State rng;                   // the default generator's at the start
-  bool autocast = false;                  // whether the forward ran under remat::autocast
+  AutocastState autocast;                 // remat::autocast's state in the forward, and its casts
   DrawnGenerators other_rng;              // every other generator the forward drew from
   std::vector<ArgumentSlot> arg_slots;   // one per tensor in the arguments, in for_each_tensor order
   std::vector<FirstRunOutput> outputs;    // one per tensor in the result, in for_each_tensor order
@@ -96,7 +96,7 @@ struct Segment {
   /// what it reads from outside, and the outputs selective saving keeps (into `kept`).
   R run_forward(const Args&... call_args, std::vector<SavedTensor>& kept) {
     rng = default_generator().state();
-    autocast = session().autocast;
+    autocast = autocast_state();
     auto not_recording = scoped_recording(false);
     RecordDraws draws(other_rng);
     RunHandlers handlers;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "remat/checkpoint/early_stop.hpp"
+#include "remat/core/autocast.hpp"
 #include "remat/core/autograd.hpp"
 #include "remat/core/hash.hpp"
 #include "remat/core/random.hpp"
@@ -101,11 +102,11 @@ std::string replay_difference(const std::string& what, const BasicTensor<T>& t, 
 
 /// Runs fn() as the replay of a computation that first ran with the default generator at `rng`,
 /// drew from the generators `others` (null: none) at the states noted there, and ran under
-/// `autocast` (remat::autocast on or off).
+/// under `autocast` (remat::autocast on or off, and the parameter casts the forward made).
 template <class F>
-decltype(auto) as_replay(Generator::State rng, const DrawnGenerators* others, bool autocast, F&& fn) {
+decltype(auto) as_replay(Generator::State rng, const DrawnGenerators* others, const AutocastState& autocast, F&& fn) {
   ScopedValue<Generator::State> generator(default_generator().state_slot(), rng);
-  Install<&Session::autocast> precision(autocast);
+  InstallAutocast precision(autocast);
   std::optional<RestoreDraws> restored;
   if (others && !others->empty()) restored.emplace(*others);
   auto replaying = scoped_replay();

@@ -5,44 +5,42 @@
 // what their nodes save for backward is the bfloat16 copies (half the bytes). Backward multiplies
 // in bfloat16 too (the output gradient narrowed, float32 sums), as PyTorch's autocast backward does.
 //
-// The ops it changes, today: matmul (every form: 2-D, batched, transposed operands) and linear.
+// The ops it changes: matmul (every form: 2-D, batched, transposed operands), linear, and the
+// fused attention's products (causal_attention, causal_self_attention: q kᵀ and P v, and in
+// backward dY Vᵀ, Pdᵀ dY, dS K, dSᵀ Q; their softmax and its backward stay float32).
 // Everything else runs in float32 as before — layer norm, softmax, log-softmax, cross-entropy,
-// reductions, element-wise ops, the fused attention — which is PyTorch's CPU list for the
-// numerically delicate ops. Double tensors never change (gradient checks stay exact). Parameters,
+// reductions, element-wise ops — which is PyTorch's CPU list for the numerically delicate ops. Double tensors never change (gradient checks stay exact). Parameters,
 // their gradients and the optimizer's state stay float32: only the products' operands are cast.
 //
 // A checkpointed segment and a chain step replay under the autocast state their forward ran
 // under, whatever is in force when backward runs (backward outside the guard, as in PyTorch, is
 // the usual pattern), so their gradients are bitwise those of the run without checkpointing.
+//
+// Parameters are cast once per step. The outermost guard owns a cache of the bfloat16 copies of
+// the leaves that require grad and existed before it (the parameters; PyTorch's autocast caches
+// the leaves that require grad): a weight
+// used by several products, by a chain's every step, or again by each replay of a checkpointed
+// segment is narrowed once, and a replay reads the very copy its forward read. The cache lives as
+// long as the outermost guard and every segment or chain that will replay under it, so with
+// backward outside the guard it goes when the step's backward has released the last of them; the
+// copies are ordinary tensors, in the memory books like any other (half the float32 parameters'
+// bytes at most). A parameter written in place (an optimizer step inside a long-lived guard) is
+// narrowed again at its next use: an entry is reused only while its storage's version is unchanged.
 
+#include <cstdint>
+#include <memory>
 #include <type_traits>
+#include <unordered_map>
 
 #include "remat/core/bfloat16.hpp"
 #include "remat/core/gemm.hpp"
+#include "remat/core/memory.hpp"
 #include "remat/core/session.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat {
 
-/// RAII: matrix products of float32 tensors run in bfloat16 with float32 sums while it lives
-/// (enabled), or in float32 (disabled: a region inside an autocast scope that needs full precision).
-class autocast {
- public:
-  /// Sets this thread's autocast state to `enabled` until the guard goes (then puts it back).
-  explicit autocast(bool enabled = true) : guard_(enabled) {}
-
- private:
-  detail::Install<&detail::Session::autocast> guard_;
-};
-
-/// Whether float32 matrix products run in bfloat16 on this thread now.
-inline bool is_autocast_enabled() { return detail::session().autocast; }
-
 namespace detail {
-
-/// Whether products of T tensors are autocast at all: float32 only (double stays exact).
-template <class T>
-inline constexpr bool kAutocasts = std::is_same_v<T, float>;
 
 /// The bfloat16 copy of a float32 tensor (round to nearest even), without history: the operand a
 /// product under autocast multiplies and saves.
@@ -50,6 +48,120 @@ inline BasicTensor<bfloat16> bfloat16_copy(const BasicTensor<float>& t) {
   BasicTensor<bfloat16> out(t.shape());
   convert_elements(t.cdata(), out.data(), t.numel(), narrow_to_bfloat16);
   return out;
+}
+
+/// The bfloat16 copies of one autocast scope's parameters, one per storage, each reused while
+/// that storage lives unchanged (same version, same shape).
+class AutocastCache {
+ public:
+  /// What the cache holds and has done.
+  struct Stats {
+    std::size_t entries = 0;  ///< copies held
+    std::size_t bytes = 0;    ///< their bytes
+    std::size_t casts = 0;    ///< copies made
+    std::size_t reuses = 0;   ///< uses served by a copy made before
+  };
+
+  /// Whether t is a parameter to this cache: a leaf that requires grad, made before the scope
+  /// began. (A checkpointed forward's outputs also look like leaves that require grad, since it
+  /// records no nodes; they are made inside the scope.)
+  bool caches(const BasicTensor<float>& t) const {
+    return t.requires_grad() && t.is_leaf() && t.storage()->serial() < born_;
+  }
+
+  /// The bfloat16 copy of the parameter t: the held one if t is unchanged since it was made.
+  BasicTensor<bfloat16> copy_of(const BasicTensor<float>& t) {
+    const std::shared_ptr<Storage>& storage = t.storage();
+    Entry& e = entries_[storage.get()];
+    // An expired source is another storage at a recycled address: never its copy.
+    if (!e.source.expired() && e.version == storage->version() && e.copy.shape() == t.shape()) {
+      ++stats_.reuses;
+      return e.copy;
+    }
+    e = Entry{storage, storage->version(), bfloat16_copy(t)};
+    ++stats_.casts;
+    return e.copy;
+  }
+
+  Stats stats() const {
+    Stats s = stats_;
+    s.entries = entries_.size();
+    for (const auto& [key, e] : entries_) s.bytes += e.copy.nbytes();
+    return s;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<Storage> source;
+    std::uint64_t version = 0;
+    BasicTensor<bfloat16> copy;
+  };
+  std::unordered_map<const Storage*, Entry> entries_;
+  Stats stats_;
+  std::uint64_t born_ = next_storage_serial(false);  // storages with lower serials existed before
+};
+
+/// Autocast as a replay needs it: on or off, and the scope's parameter casts.
+struct AutocastState {
+  bool enabled = false;
+  std::shared_ptr<AutocastCache> cache;
+};
+
+/// This thread's autocast state now.
+inline AutocastState autocast_state() { return {session().autocast, session().autocast_cache}; }
+
+/// RAII: this thread's autocast state set to `state` for the guard's lifetime (a replay's).
+class InstallAutocast {
+ public:
+  explicit InstallAutocast(const AutocastState& state) : enabled_(state.enabled), cache_(state.cache) {}
+
+ private:
+  Install<&Session::autocast> enabled_;
+  Install<&Session::autocast_cache> cache_;
+};
+
+/// The cache an autocast guard runs under: the enclosing scope's, or a new one for the outermost
+/// guard that enables autocast.
+inline std::shared_ptr<AutocastCache> scope_cache(bool enabled) {
+  if (session().autocast_cache || !enabled) return session().autocast_cache;
+  return std::make_shared<AutocastCache>();
+}
+
+}  // namespace detail
+
+/// RAII: matrix products of float32 tensors run in bfloat16 with float32 sums while it lives
+/// (enabled), or in float32 (disabled: a region inside an autocast scope that needs full precision).
+class autocast {
+ public:
+  /// Sets this thread's autocast state to `enabled` until the guard goes (then puts it back).
+  explicit autocast(bool enabled = true) : state_({enabled, detail::scope_cache(enabled)}) {}
+
+ private:
+  detail::InstallAutocast state_;
+};
+
+/// Whether float32 matrix products run in bfloat16 on this thread now.
+inline bool is_autocast_enabled() { return detail::session().autocast; }
+
+/// The parameter casts of this thread's autocast scope (all zero outside one): how many copies it
+/// holds and their bytes, how many it made and how many uses reused one.
+inline detail::AutocastCache::Stats autocast_cache_stats() {
+  const auto& cache = detail::session().autocast_cache;
+  return cache ? cache->stats() : detail::AutocastCache::Stats{};
+}
+
+namespace detail {
+
+/// Whether products of T tensors are autocast at all: float32 only (double stays exact).
+template <class T>
+inline constexpr bool kAutocasts = std::is_same_v<T, float>;
+
+/// A float32 operand of a product under autocast, narrowed: a parameter (a leaf that requires
+/// grad, made before the scope) through the scope's cache, anything else copied afresh.
+inline BasicTensor<bfloat16> autocast_operand(const BasicTensor<float>& t) {
+  AutocastCache* cache = session().autocast_cache.get();
+  if (cache && cache->caches(t)) return cache->copy_of(t);
+  return bfloat16_copy(t);
 }
 
 /// A product's operand in element type E: the tensor itself, or its bfloat16 copy.

@@ -60,19 +60,22 @@ inline void pack_saved(std::vector<SavedTensor>& saved) {
     if (!s.storage()) continue;
     const AnyTensor t(TensorRef{s.shared_storage(), s.shape(), s.dtype()});
     std::any packed = outside_graph([&] { return pair->pack(t); });
+    if (!packed.has_value()) continue;  // declined: the node keeps the tensor, in the books
     s.pack(std::move(packed), [pair](const std::any& p) { return outside_graph([&] { return pair->unpack(p); }); });
   }
 }
 
 /// Makes `outputs` require grad and, unless recording is suspended, puts one node on the current
 /// tape (its saved tensors packed by the saved-tensor hooks in force). Call it only when
-/// grad_needed(inputs...) holds.
-template <class T>
-void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
-            const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn) {
+/// grad_needed(inputs...) holds. Inputs and outputs share one element type, except for the cast
+/// (to<U>), which records record<In, Out>.
+template <class In, class Out = In>
+void record(std::string op, const std::vector<BasicTensor<In>>& inputs,
+            const std::vector<BasicTensor<Out>*>& outputs, std::vector<SavedTensor> saved,
+            non_deduced<BackwardFn<In, Out>> fn) {
   Session& state = session();
-  for (BasicTensor<T>* y : outputs) {
-    auto meta = std::make_shared<AutogradMeta<T>>();
+  for (BasicTensor<Out>* y : outputs) {
+    auto meta = std::make_shared<AutogradMeta<Out>>();
     meta->requires_grad = true;
     y->set_meta(std::move(meta));
   }
@@ -80,15 +83,15 @@ void record(std::string op, const std::vector<BasicTensor<T>>& inputs,
   if (!state.recording) return;
   pack_saved(saved);
   const std::uint64_t id = state.next_node_id++;
-  for (BasicTensor<T>* y : outputs) y->meta()->node_id = id;
+  for (BasicTensor<Out>* y : outputs) y->meta()->node_id = id;
   tape_stack().back()->push(
-      std::make_unique<TypedNode<T>>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
+      std::make_unique<TypedNode<In, Out>>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
 }
 
-template <class T>
-void record(OpId op, const std::vector<BasicTensor<T>>& inputs, const std::vector<BasicTensor<T>*>& outputs,
-            std::vector<SavedTensor> saved, BackwardFn<T> fn) {
-  record<T>(std::string(op.name()), inputs, outputs, std::move(saved), std::move(fn));
+template <class In, class Out = In>
+void record(OpId op, const std::vector<BasicTensor<In>>& inputs, const std::vector<BasicTensor<Out>*>& outputs,
+            std::vector<SavedTensor> saved, non_deduced<BackwardFn<In, Out>> fn) {
+  record<In, Out>(std::string(op.name()), inputs, outputs, std::move(saved), std::move(fn));
 }
 
 /// The tape holding node `id` among the thread's live tapes, innermost first.

@@ -1,5 +1,6 @@
 #pragma once
-// Tensor factories: empty, zeros, ones, full, from data, arange, rand, randn, and *_like forms.
+// Tensor factories: empty, zeros, ones, full, from data, arange, rand, randn, and *_like forms;
+// and to<U>(t), the element-type cast.
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "remat/core/autograd.hpp"  // Tensor::backward, for every program that makes tensors
 #include "remat/core/bfloat16.hpp"
+#include "remat/core/produce.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -133,30 +135,53 @@ inline LongTensor randint(std::int64_t low, std::int64_t high, const Shape& shap
   return t;
 }
 
-/// Converts the element type (float <-> double, float <-> bfloat16, ...); the result has no
-/// autograd history. To bfloat16 rounds to nearest even (core/bfloat16.hpp), from other types
-/// than float through float as PyTorch does (a double rounds twice); from bfloat16 is exact.
-/// A cast to bfloat16 of a tensor that needs a gradient throws: mixed-precision training needs
-/// the gradient through the cast, and dropping it silently would train wrong.
+namespace op {
+/// The id of to<U>(t): the element type converted (PyTorch's .to(dtype)).
+inline const OpId to = register_op("to");
+}  // namespace op
+
+namespace detail {
+
+/// t's elements converted to U, without history. To bfloat16 rounds to nearest even
+/// (core/bfloat16.hpp), from other types than float through float as PyTorch does (a double
+/// rounds twice); from bfloat16 is exact.
 template <class U, class T>
-BasicTensor<U> to(const BasicTensor<T>& t) {
+BasicTensor<U> cast_copy(const BasicTensor<T>& t) {
   constexpr bool narrow = std::is_same_v<U, bfloat16> && !std::is_same_v<T, bfloat16>;
   constexpr bool widen = std::is_same_v<T, bfloat16> && !std::is_same_v<U, bfloat16>;
-  if constexpr (narrow) {
-    REMAT_CHECK(!detail::grad_needed(t), "to<bfloat16>: the {} tensor of shape {} requires grad, and the cast is not "
-                "differentiable (differentiable casts come with autocast); convert t.detach(), or convert under "
-                "no_grad, for a bfloat16 copy without history", t.dtype(), t.shape());
-  }
   BasicTensor<U> out(t.shape());
   const T* src = t.data();
   U* dst = out.data();
   const std::int64_t n = t.numel();
-  if constexpr (narrow && std::is_same_v<T, float>) detail::convert_elements(src, dst, n, detail::narrow_to_bfloat16);
-  else if constexpr (widen && std::is_same_v<U, float>) detail::convert_elements(src, dst, n, detail::widen_from_bfloat16);
-  else if constexpr (narrow) for (std::int64_t i = 0; i < n; ++i) dst[i] = detail::to_bfloat16(static_cast<float>(src[i]));
-  else if constexpr (widen) for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(detail::to_float(src[i]));
+  if constexpr (narrow && std::is_same_v<T, float>) convert_elements(src, dst, n, narrow_to_bfloat16);
+  else if constexpr (widen && std::is_same_v<U, float>) convert_elements(src, dst, n, widen_from_bfloat16);
+  else if constexpr (narrow) for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(static_cast<float>(src[i]));
+  else if constexpr (widen) for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(to_float(src[i]));
   else for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(src[i]);
   return out;
+}
+
+}  // namespace detail
+
+/// Converts the element type (float <-> double, float <-> bfloat16, to and from integers), always
+/// into a new tensor. To bfloat16 rounds to nearest even (core/bfloat16.hpp), from other types
+/// than float through float as PyTorch does (a double rounds twice); from bfloat16 is exact.
+/// Differentiable between floating types (float32, float64, bfloat16), as PyTorch's .to(dtype):
+/// when t needs a gradient the result does, and backward converts the gradient back to T by the
+/// same rules (to float32 from bfloat16 exactly, to bfloat16 rounding to nearest even). A cast to
+/// or from an integer or bool type has no history (such tensors take no gradient).
+/// Saves: nothing.
+template <class U, class T>
+BasicTensor<U> to(const BasicTensor<T>& t) {
+  BasicTensor<U> y = detail::produce<U>(op::to, t.shape(), static_cast<double>(t.numel()), {t},
+                                        [=] { return detail::cast_copy<U>(t); });
+  if constexpr (detail::is_floating_dtype<T> && detail::is_floating_dtype<U>) {
+    if (detail::grad_needed(t))
+      detail::record<T, U>(op::to, {t}, {&y}, {}, [](detail::BackwardContext<T, U>& ctx) {
+        ctx.accumulate(0, detail::cast_copy<T>(ctx.grad_output()));
+      });
+  }
+  return y;
 }
 
 }  // namespace remat

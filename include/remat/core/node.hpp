@@ -93,15 +93,19 @@ void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
   if (meta.is_leaf()) notify([&](Observer& o) { o.leaf_grad(&meta); });
 }
 
-template <class T>
+/// A node whose inputs hold elements of type In and whose outputs hold Out: the same type for
+/// every op but the element-type cast (to<U>), whose backward takes the gradient of an Out tensor
+/// and hands its input an In one. Ops of several input types are written over casts, one node
+/// each, so a node never needs more than these two.
+template <class In, class Out = In>
 class TypedNode;
 
-/// What a backward function sees: the gradients of the node's outputs, what it saved, and where
-/// to add its inputs' gradients.
-template <class T>
+/// What a backward function sees: the gradients of the node's outputs (element type Out), what it
+/// saved, and where to add its inputs' gradients (element type In).
+template <class In, class Out = In>
 class BackwardContext {
  public:
-  BackwardContext(TypedNode<T>& node, std::vector<BasicTensor<T>>& grad_outputs, bool retain_graph = false)
+  BackwardContext(TypedNode<In, Out>& node, std::vector<BasicTensor<Out>>& grad_outputs, bool retain_graph = false)
       : node_(node), grad_outputs_(grad_outputs), retain_graph_(retain_graph) {}
 
   /// Whether this backward keeps the graph for another one (a node holding state of its own, such
@@ -109,44 +113,53 @@ class BackwardContext {
   bool retain_graph() const { return retain_graph_; }
 
   /// The gradient of output i; zeros when that output received none.
-  const BasicTensor<T>& grad_output(std::size_t i = 0);
+  const BasicTensor<Out>& grad_output(std::size_t i = 0);
   /// Whether output i received a gradient (ask before grad_output(i), which fills in zeros).
   bool has_grad_output(std::size_t i) const { return i < grad_outputs_.size() && grad_outputs_[i].defined(); }
   /// `data` carrying input i's autograd identity when input i needs a gradient (else plain data):
   /// ops recorded on it add their gradients straight into input i, each as it runs. A replay
   /// builds its inputs this way so that an input also used outside the segment accumulates its
   /// gradient in exactly the order, and so to exactly the bits, it would without checkpointing.
-  BasicTensor<T> as_input(std::size_t i, const BasicTensor<T>& data) const;
+  BasicTensor<In> as_input(std::size_t i, const BasicTensor<In>& data) const;
   /// Saved tensor i, checked against in-place modification since it was saved.
-  template <class U = T>
+  template <class U = In>
   BasicTensor<U> saved(std::size_t i) const;
   /// Releases saved tensor i now, before the node finishes (a backward that frees as it goes).
   void release_saved(std::size_t i);
   /// Whether input i needs a gradient (PyTorch's needs_input_grad): skip the work otherwise.
   bool needs_grad(std::size_t i) const;
   /// Adds g into input i's gradient; g must have that input's shape.
-  void accumulate(std::size_t i, BasicTensor<T> g);
+  void accumulate(std::size_t i, BasicTensor<In> g);
 
  private:
-  TypedNode<T>& node_;
-  std::vector<BasicTensor<T>>& grad_outputs_;
+  TypedNode<In, Out>& node_;
+  std::vector<BasicTensor<Out>>& grad_outputs_;
   bool retain_graph_;
 };
 
-template <class T>
-using BackwardFn = std::function<void(BackwardContext<T>&)>;
+template <class In, class Out = In>
+using BackwardFn = std::function<void(BackwardContext<In, Out>&)>;
 
+/// T, in a context template arguments are not deduced from (C++20's std::type_identity_t): record()
+/// takes its element types from the tensors, or from record<In, Out>, never from a lambda.
 template <class T>
+struct NonDeduced {
+  using type = T;
+};
+template <class T>
+using non_deduced = typename NonDeduced<T>::type;
+
+template <class In, class Out>
 class TypedNode final : public Node {
  public:
-  TypedNode(std::string name, std::uint64_t id, const std::vector<BasicTensor<T>>& inputs,
-            const std::vector<BasicTensor<T>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<T> fn)
+  TypedNode(std::string name, std::uint64_t id, const std::vector<BasicTensor<In>>& inputs,
+            const std::vector<BasicTensor<Out>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<In, Out> fn)
       : Node(std::move(name), id, std::move(saved)), fn_(std::move(fn)) {
-    for (const BasicTensor<T>& x : inputs) {
+    for (const BasicTensor<In>& x : inputs) {
       inputs_.push_back(x.requires_grad() ? x.meta() : nullptr);
       input_shapes_.push_back(x.shape());
     }
-    for (const BasicTensor<T>* y : outputs) {
+    for (const BasicTensor<Out>* y : outputs) {
       outputs_.push_back(y->meta());
       output_shapes_.push_back(y->shape());
     }
@@ -166,14 +179,14 @@ class TypedNode final : public Node {
 
   void run(bool retain_graph) override {
     REMAT_ASSERT(!released());
-    std::vector<BasicTensor<T>> grads(outputs_.size());
+    std::vector<BasicTensor<Out>> grads(outputs_.size());
     for (std::size_t i = 0; i < outputs_.size(); ++i) {
       if (auto m = outputs_[i].lock()) {
         grads[i] = m->grad;
-        if (!m->retains_grad) m->grad = BasicTensor<T>();  // consumed: free it now
+        if (!m->retains_grad) m->grad = BasicTensor<Out>();  // consumed: free it now
       }
     }
-    BackwardContext<T> ctx(*this, grads, retain_graph);
+    BackwardContext<In, Out> ctx(*this, grads, retain_graph);
     notify([&](Observer& o) { o.backward_op(name()); });
     TimelineSpan span(name(), "backward");
     const std::vector<std::shared_ptr<Storage>> pinned = pin_saved();
@@ -192,55 +205,55 @@ class TypedNode final : public Node {
   }
 
  private:
-  friend class BackwardContext<T>;
-  std::vector<std::shared_ptr<AutogradMeta<T>>> inputs_;  // null where no gradient is needed
+  friend class BackwardContext<In, Out>;
+  std::vector<std::shared_ptr<AutogradMeta<In>>> inputs_;  // null where no gradient is needed
   std::vector<Shape> input_shapes_;
-  std::vector<std::weak_ptr<AutogradMeta<T>>> outputs_;
+  std::vector<std::weak_ptr<AutogradMeta<Out>>> outputs_;
   std::vector<Shape> output_shapes_;
-  BackwardFn<T> fn_;
+  BackwardFn<In, Out> fn_;
 };
 
-template <class T>
-const BasicTensor<T>& BackwardContext<T>::grad_output(std::size_t i) {
+template <class In, class Out>
+const BasicTensor<Out>& BackwardContext<In, Out>::grad_output(std::size_t i) {
   REMAT_ASSERT(i < grad_outputs_.size());
   if (!grad_outputs_[i].defined()) {
-    BasicTensor<T> zeros(node_.output_shapes_[i]);
+    BasicTensor<Out> zeros(node_.output_shapes_[i]);
     flat(zeros).setZero();
     grad_outputs_[i] = zeros;
   }
   return grad_outputs_[i];
 }
 
-template <class T>
+template <class In, class Out>
 template <class U>
-BasicTensor<U> BackwardContext<T>::saved(std::size_t i) const {
+BasicTensor<U> BackwardContext<In, Out>::saved(std::size_t i) const {
   REMAT_ASSERT(i < node_.saved().size());
   return node_.saved()[i].template get<U>(node_.name());
 }
 
-template <class T>
-void BackwardContext<T>::release_saved(std::size_t i) {
+template <class In, class Out>
+void BackwardContext<In, Out>::release_saved(std::size_t i) {
   REMAT_ASSERT(i < node_.saved().size());
   node_.release_saved(i);
 }
 
-template <class T>
-BasicTensor<T> BackwardContext<T>::as_input(std::size_t i, const BasicTensor<T>& data) const {
-  BasicTensor<T> t(data.storage(), data.shape());
+template <class In, class Out>
+BasicTensor<In> BackwardContext<In, Out>::as_input(std::size_t i, const BasicTensor<In>& data) const {
+  BasicTensor<In> t(data.storage(), data.shape());
   if (needs_grad(i)) t.set_meta(node_.inputs_[i]);
   return t;
 }
 
-template <class T>
-bool BackwardContext<T>::needs_grad(std::size_t i) const {
+template <class In, class Out>
+bool BackwardContext<In, Out>::needs_grad(std::size_t i) const {
   return i < node_.inputs_.size() && node_.inputs_[i] != nullptr;
 }
 
-template <class T>
-void BackwardContext<T>::accumulate(std::size_t i, BasicTensor<T> g) {
+template <class In, class Out>
+void BackwardContext<In, Out>::accumulate(std::size_t i, BasicTensor<In> g) {
   if (!needs_grad(i)) return;
   REMAT_ASSERT(g.shape() == node_.input_shapes_[i]);
-  AutogradMeta<T>& input = *node_.inputs_[i];
+  AutogradMeta<In>& input = *node_.inputs_[i];
   REMAT_CHECK(!input.history_freed,
               "backward: op '{}' passes a gradient to an input of shape {} whose own graph was "
               "already freed by an earlier backward; pass retain_graph=true to that backward",

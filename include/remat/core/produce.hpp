@@ -30,7 +30,7 @@ std::tuple<BasicTensor<Ts>...> tensors_from_refs(const std::vector<TensorRef>& r
 template <class T>
 BasicTensor<T> unread_tensor(const Shape& shape) {
   BasicTensor<T> t(shape);
-  if constexpr (std::is_floating_point_v<T>) std::fill_n(t.data(), t.numel(), std::numeric_limits<T>::quiet_NaN());
+  if constexpr (is_floating_dtype<T>) std::fill_n(t.data(), t.numel(), std::numeric_limits<T>::quiet_NaN());
   else std::fill_n(t.data(), t.numel(), T(0));
   return t;
 }

@@ -13,7 +13,10 @@
 // (checkpoint boundaries and selectively kept outputs included: a checkpoint's node is a node);
 // the node keeps its unpack for as long as it lives, so backward may run after the scope ended;
 // pack and unpack run outside any graph (no grad, no op-output handlers or observers, no hooks),
-// so the ops they call are not part of the model. unpack must give back a tensor of the saved
+// so the ops they call are not part of the model. A pack that returns an empty std::any declines:
+// the node keeps that tensor itself, in remat's books, as without hooks (a store that takes only
+// some tensors — large ones, activations but not parameters — says no to the rest this way; unlike
+// PyTorch, where a hook must return something to unpack). unpack must give back a tensor of the saved
 // shape and element type (a remat::Error naming the op otherwise), with the values a correct
 // gradient needs: remat checks only that an unpack returning the very storage it was given has not
 // been written in place since. What pack keeps is out of remat's books (memory_stats() counts

@@ -36,6 +36,7 @@ class OpOutputHook;
 
 namespace detail {
 
+class AutocastCache;
 class Residency;
 class RecordDraws;
 class ThreadSavedBooks;
@@ -58,6 +59,7 @@ struct Session {
   std::vector<Tape*> tapes;   ///< the current tapes, innermost last; [0] is root_tape (tape_stack())
   bool discard_leaf_grads = false;  ///< a dry run: gradients reaching leaves are dropped
   bool autocast = false;            ///< remat::autocast: float32 matrix products on the bfloat16 GEMM
+  std::shared_ptr<AutocastCache> autocast_cache;  ///< the outermost autocast scope's parameter casts
 
   // Randomness.
   std::shared_ptr<Generator> default_generator;  ///< made at first use (default_generator())

@@ -39,6 +39,11 @@ constexpr const char* dtype_name() {
   else return "unknown";
 }
 
+/// Whether tensors of element type T compute and carry gradients: float32, float64 and bfloat16
+/// (integer and bool tensors are indices and masks).
+template <class T>
+inline constexpr bool is_floating_dtype = std::is_floating_point_v<T> || std::is_same_v<T, bfloat16>;
+
 /// A tensor with its element type erased: what the op-output hook and saved-tensor lists hold.
 struct TensorRef {
   std::shared_ptr<Storage> storage;
@@ -124,7 +129,8 @@ class BasicTensor {
   bool requires_grad() const { return meta_ && meta_->requires_grad; }
   /// Marks a leaf as a parameter-like tensor whose .grad backward fills.
   BasicTensor& requires_grad_(bool on = true) {
-    static_assert(std::is_floating_point_v<T>, "requires_grad_: only floating-point tensors have gradients");
+    static_assert(detail::is_floating_dtype<T>,
+                  "requires_grad_: only floating-point tensors (float32, float64, bfloat16) have gradients");
     REMAT_CHECK(defined(), "requires_grad_: the tensor is undefined");
     REMAT_CHECK(is_leaf(), "requires_grad_: only leaf tensors can change requires_grad; this one was "
                 "produced by an op (use detach() first)");
@@ -202,8 +208,9 @@ using Tensor = BasicTensor<float>;          ///< what models train in
 using DoubleTensor = BasicTensor<double>;   ///< what gradient checks run in
 using LongTensor = BasicTensor<std::int64_t>;  ///< token ids, targets, indices
 using BoolTensor = BasicTensor<bool>;       ///< masks
-/// Storage in 16 bits (no gradients: requires_grad_ is for float and double tensors); made by
-/// to<bfloat16>(t) and read back exactly by to<float>(t).
+/// 16-bit tensors: made by to<bfloat16>(t) (differentiable, as every cast) and read back exactly by
+/// to<float>(t). Ops compute on them in float32 and round their results to bfloat16 (PyTorch's CPU
+/// rule: ops/detail/dtype.hpp); their gradients are bfloat16 too.
 using BFloat16Tensor = BasicTensor<bfloat16>;
 
 namespace detail {

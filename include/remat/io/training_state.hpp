@@ -34,6 +34,8 @@ struct TrainingState {
   std::map<std::string, Generator::State> generators;
   std::map<std::string, double> scalars;  ///< e.g. the best validation loss so far
   std::map<std::string, Tensor> tensors;  ///< e.g. the loss history
+  /// The caller's bfloat16 tensors (saved as BF16, bit for bit; names apart from `tensors`').
+  std::map<std::string, BFloat16Tensor> bfloat16_tensors;
 };
 
 namespace detail {
@@ -92,6 +94,11 @@ inline void save_training_state(const std::string& path, nn::Module& model, cons
   for (const auto& [key, t] : os.tensors) file.emplace("optim." + key, to_entry(t));
   for (const auto& [key, v] : os.scalars) meta["optim." + key] = detail::exact(v);
   for (const auto& [name, t] : state.tensors) file.emplace("user." + name, to_entry(t));
+  for (const auto& [name, t] : state.bfloat16_tensors) {
+    REMAT_CHECK(!state.tensors.count(name), "save_training_state: '{}' names a float32 and a bfloat16 tensor of the "
+                "caller's; give them names of their own", name);
+    file.emplace("user." + name, to_entry(t));
+  }
   for (const auto& [name, v] : state.scalars) meta["user." + name] = detail::exact(v);
   auto generators = state.generators;
   REMAT_CHECK(!generators.count("default"), "save_training_state: 'default' names the thread's default generator, "
@@ -159,6 +166,7 @@ inline TrainingState load_training_state_bytes(std::string bytes, const std::str
   TrainingState out;
   for (const auto& [name, e] : file) {
     if (name.rfind("optim.", 0) == 0) os.tensors[name.substr(6)] = from_entry<float>(e, name);
+    else if (name.rfind("user.", 0) == 0 && e.dtype == "BF16") out.bfloat16_tensors[name.substr(5)] = from_entry<bfloat16>(e, name);
     else if (name.rfind("user.", 0) == 0) out.tensors[name.substr(5)] = from_entry<float>(e, name);
     else REMAT_CHECK(name.rfind("model.", 0) == 0, "training state: {} has tensor '{}', which is none of model., optim., user.",
                      path, name);

@@ -21,17 +21,26 @@
 // (B, T, 3C) output of a Transformer's qkv projection read in place, heads taken by stride, with
 // the result written straight into (B, T, C) (causal_self_attention): no head split, no permute
 // copies either way.
+//
+// Under autocast (float32 tensors; core/autocast.hpp) both products of each pass take bfloat16
+// operands with float32 sums: q, k, v are narrowed once (and saved narrowed: half the bytes), the
+// scores, the softmax, its log-sum-exp and the softmax backward stay float32, and the probabilities
+// P (forward: P V) and dS (backward: dS K, dSᵀ Q) are narrowed to bfloat16 just before their
+// products — what PyTorch's autocast does to the explicit composition, whose softmax runs in float32
+// and whose matmuls cast their operands.
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
 
+#include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
 #include "remat/ops/detail/dropout_draw.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
 
 namespace remat {
@@ -46,6 +55,19 @@ namespace detail {
 
 template <class T>
 using RowMajorMatrix = Eigen::Matrix<T, -1, -1, Eigen::RowMajor>;
+
+/// A (T, T) matrix as a product's operand in element type E: the matrix itself when E is T, else
+/// its bfloat16 copy in `scratch` (the autocast rule: narrowed just before the product).
+template <class E, class T>
+const E* attention_operand(const RowMajorMatrix<T>& m, RowMajorMatrix<E>& scratch) {
+  if constexpr (std::is_same_v<E, T>) {
+    return m.data();
+  } else {
+    scratch.resize(m.rows(), m.cols());
+    narrow_to_bfloat16(m.data(), scratch.data(), m.size());  // per (batch, head): already on a thread
+    return scratch.data();
+  }
+}
 
 /// Where each (batch, head)'s rows live: q, k, v (and their gradients) at in_offset(bh) from their
 /// base pointers, rows ld_in apart; y and dy at out_offset(bh), rows ld_out apart.
@@ -91,8 +113,8 @@ void attention_dropout_mask(Generator::State state, std::int64_t bh, std::int64_
 
 /// Probabilities of one (batch, head): P = softmax(mask(q kᵀ · scale)) row by row, from the saved
 /// log-sum-exp when `lse_in` is given, else computing it into `lse_out`.
-template <class T>
-void attention_probs(const T* q, const T* k, std::int64_t ld, std::int64_t t, std::int64_t d, T scale,
+template <class T, class E>
+void attention_probs(const E* q, const E* k, std::int64_t ld, std::int64_t t, std::int64_t d, T scale,
                      RowMajorMatrix<T>& p, const T* lse_in, T* lse_out) {
   gemm(false, true, t, t, d, q, ld, k, ld, p.data(), t);  // q kᵀ, k read transposed in place
   for (std::int64_t i = 0; i < t; ++i) {
@@ -111,13 +133,15 @@ void attention_probs(const T* q, const T* k, std::int64_t ld, std::int64_t t, st
   }
 }
 
-/// Forward of every (batch, head): y and the log-sum-exp per query row (B·H·T of them).
-template <class T>
-void attention_forward(const AttentionLayout& L, const T* q, const T* k, const T* v, T* y, T* lse, T scale, float p,
+/// Forward of every (batch, head): y and the log-sum-exp per query row (B·H·T of them), q, k, v
+/// in the products' element type E (T, or bfloat16 under autocast).
+template <class T, class E>
+void attention_forward(const AttentionLayout& L, const E* q, const E* k, const E* v, T* y, T* lse, T scale, float p,
                        T keep_scale, Generator::State rng) {
   const std::int64_t t = L.t, d = L.d;
   parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
     RowMajorMatrix<T> probs(t, t), mask;
+    RowMajorMatrix<E> narrowed;  // the probabilities as P V reads them, under autocast
     if (p > 0) mask.resize(t, t);
     for (std::int64_t bh = b0; bh < b1; ++bh) {
       const std::int64_t in = L.in_offset(bh);
@@ -126,38 +150,41 @@ void attention_forward(const AttentionLayout& L, const T* q, const T* k, const T
         attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
         probs.array() *= mask.array();
       }
-      gemm(false, false, t, d, t, probs.data(), t, v + in, L.ld_in, y + L.out_offset(bh), L.ld_out);
+      gemm(false, false, t, d, t, attention_operand(probs, narrowed), t, v + in, L.ld_in, y + L.out_offset(bh), L.ld_out);
     }
   });
 }
 
-/// Backward of every (batch, head) from dy: dq, dk, dv laid out as q, k, v.
-template <class T>
-void attention_backward(const AttentionLayout& L, const T* q, const T* k, const T* v, const T* lse, const T* dy, T* dq,
+/// Backward of every (batch, head) from dy: dq, dk, dv laid out as q, k, v; q, k, v and dy in the
+/// products' element type E.
+template <class T, class E>
+void attention_backward(const AttentionLayout& L, const E* q, const E* k, const E* v, const T* lse, const E* dy, T* dq,
                         T* dk, T* dv, T scale, float p, T keep_scale, Generator::State rng) {
   const std::int64_t t = L.t, d = L.d;
   parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
     RowMajorMatrix<T> probs(t, t), dp(t, t), mask;
+    RowMajorMatrix<E> narrowed;  // Pd, then dS, as their products read them, under autocast
     if (p > 0) mask.resize(t, t);
     for (std::int64_t bh = b0; bh < b1; ++bh) {
       const std::int64_t in = L.in_offset(bh);
       attention_probs(q + in, k + in, L.ld_in, t, d, scale, probs, lse + bh * t, static_cast<T*>(nullptr));
-      const T* dY = dy + L.out_offset(bh);
+      const E* dY = dy + L.out_offset(bh);
       const std::int64_t ld = L.ld_in, ldo = L.ld_out;
       gemm(false, true, t, t, d, dY, ldo, v + in, ld, dp.data(), t);  // dY Vᵀ
-      const T* pd = probs.data();  // Pd: the probabilities as dropout left them
+      const RowMajorMatrix<T>* pd = &probs;  // Pd: the probabilities as dropout left them
       if (p > 0) {
         attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
         dp.array() *= mask.array();  // dP = M ⊙ (dY Vᵀ); above the diagonal P is 0 anyway
         mask.array() *= probs.array();
-        pd = mask.data();
+        pd = &mask;
       }
-      gemm(true, false, t, d, t, pd, t, dY, ldo, dv + in, ld);  // dV = Pdᵀ dY
+      gemm(true, false, t, d, t, attention_operand(*pd, narrowed), t, dY, ldo, dv + in, ld);  // dV = Pdᵀ dY
       const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
       dp.array() = probs.array() * (dp.array().colwise() - rowdot);
       dp *= scale;
-      gemm(false, false, t, d, t, dp.data(), t, k + in, ld, dq + in, ld);  // dQ = dS K
-      gemm(true, false, t, d, t, dp.data(), t, q + in, ld, dk + in, ld);   // dK = dSᵀ Q
+      const E* ds = attention_operand(dp, narrowed);
+      gemm(false, false, t, d, t, ds, t, k + in, ld, dq + in, ld);  // dQ = dS K
+      gemm(true, false, t, d, t, ds, t, q + in, ld, dk + in, ld);   // dK = dSᵀ Q
     }
   });
 }
@@ -171,37 +198,37 @@ DropoutDraw<T> attention_dropout(double dropout_p, bool training, std::int64_t e
 
 }  // namespace detail
 
-/// y = dropout(softmax(mask(q kᵀ / √D))) v for q, k, v of shape (B, H, T, D), causal mask, dropout
-/// probability p in training (drawn from `gen` exactly as dropout() on the (B, H, T, T) tensor).
-/// Backward, with P the probabilities, M the dropout mask / (1-p), Pd = M ⊙ P:
-///   dV = Pdᵀ dY,  dP = M ⊙ (dY Vᵀ),  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = dS K / √D,  dK = dSᵀ Q / √D.
-/// Saves: q, k, v and one log-sum-exp per query row (B, H, T); never a (T, T) tensor.
-template <class T>
-BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
-                                double dropout_p = 0.0, bool training = true, Generator& gen = default_generator()) {
-  REMAT_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-              "causal_attention: q, k, v must share one (B, H, T, D) shape, got {}, {}, {}", q.shape(), k.shape(), v.shape());
-  REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention: dropout must be in [0, 1), got {}", dropout_p);
+namespace detail {
+
+/// causal_attention over q, k, v as the products read them in element type E (themselves, or
+/// their bfloat16 copies under autocast: what the node saves).
+template <class T, class E>
+BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
+                                     const BasicTensor<E>& qe, const BasicTensor<E>& ke, const BasicTensor<E>& ve,
+                                     const DropoutDraw<T>& drop) {
   const std::int64_t B = q.size(0), H = q.size(1), t = q.size(2), d = q.size(3);
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const detail::DropoutDraw<T> drop = detail::attention_dropout<T>(dropout_p, training, B * H * t * t, gen);
-  const auto layout = detail::AttentionLayout::separate(B, H, t, d);
+  const auto layout = AttentionLayout::separate(B, H, t, d);
 
   // The log-sum-exp per row is an output too: whoever keeps y keeps what its backward needs.
   const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
-  auto [y, lse] = detail::produce_all<T, T>(op::causal_attention, {q.shape(), Shape{B, H, t}}, flops, {q, k, v}, [=] {
-    BasicTensor<T> out_y(q.shape()), out_lse(Shape{B, H, t});
-    detail::attention_forward(layout, q.cdata(), k.cdata(), v.cdata(), out_y.data(), out_lse.data(), scale, drop.threshold,
-                              drop.scale, drop.at_entry);
+  // The compute reads (and a memory budget's recompute keeps) q, k, v as the products take them.
+  const Shape shape = q.shape();
+  auto [y, lse] = produce_all<T, T>(op::causal_attention, {shape, Shape{B, H, t}}, flops, {qe, ke, ve}, [=] {
+    BasicTensor<T> out_y(shape), out_lse(Shape{B, H, t});
+    attention_forward(layout, qe.cdata(), ke.cdata(), ve.cdata(), out_y.data(), out_lse.data(), scale, drop.threshold,
+                      drop.scale, drop.at_entry);
     return std::make_tuple(out_y, out_lse);
   });
 
-  if (detail::grad_needed(q, k, v))
-    detail::record<T>(op::causal_attention, {q, k, v}, {&y}, {q, k, v, lse}, [=](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T> qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2), ls = ctx.saved(3);
+  if (grad_needed(q, k, v))
+    record<T>(op::causal_attention, {q, k, v}, {&y}, {qe, ke, ve, lse}, [=](BackwardContext<T>& ctx) {
+      const BasicTensor<E> qs = ctx.template saved<E>(0), ks = ctx.template saved<E>(1), vs = ctx.template saved<E>(2);
+      const BasicTensor<T> ls = ctx.saved(3);
+      const BasicTensor<E> dy = as_operand<E>(ctx.grad_output());
       BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());
-      detail::attention_backward(layout, qs.cdata(), ks.cdata(), vs.cdata(), ls.cdata(), ctx.grad_output().cdata(),
-                                 dq.data(), dk.data(), dv.data(), scale, drop.threshold, drop.scale, drop.at_entry);
+      attention_backward(layout, qs.cdata(), ks.cdata(), vs.cdata(), ls.cdata(), dy.cdata(), dq.data(), dk.data(),
+                         dv.data(), scale, drop.threshold, drop.scale, drop.at_entry);
       ctx.accumulate(0, std::move(dq));
       ctx.accumulate(1, std::move(dk));
       ctx.accumulate(2, std::move(dv));
@@ -209,44 +236,96 @@ BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k
   return y;
 }
 
+/// causal_self_attention over the packed projection as the products read it in element type E.
+template <class T, class E>
+BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const BasicTensor<E>& qkve, std::int64_t n_head,
+                                          const DropoutDraw<T>& drop) {
+  const std::int64_t B = qkv.size(0), t = qkv.size(1), C = qkv.size(2) / 3, H = n_head, d = C / H;
+  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const auto layout = AttentionLayout::packed(B, H, t, d);
+
+  const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
+  auto [y, lse] = produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, {qkve}, [=] {
+    BasicTensor<T> out_y(Shape{B, t, C}), out_lse(Shape{B, H, t});
+    const E* base = qkve.cdata();
+    attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.threshold,
+                      drop.scale, drop.at_entry);
+    return std::make_tuple(out_y, out_lse);
+  });
+
+  if (grad_needed(qkv))
+    record<T>(op::causal_self_attention, {qkv}, {&y}, {qkve, lse}, [=](BackwardContext<T>& ctx) {
+      const BasicTensor<E> packed = ctx.template saved<E>(0);
+      const BasicTensor<T> ls = ctx.saved(1);
+      const BasicTensor<E> dy = as_operand<E>(ctx.grad_output());
+      BasicTensor<T> grad(packed.shape());  // every element is written: q, k, v of every head
+      const E* base = packed.cdata();
+      T* g = grad.data();
+      attention_backward(layout, base, base + C, base + 2 * C, ls.cdata(), dy.cdata(), g, g + C, g + 2 * C, scale,
+                         drop.threshold, drop.scale, drop.at_entry);
+      ctx.accumulate(0, std::move(grad));
+    });
+  return y;
+}
+
+}  // namespace detail
+
+/// y = dropout(softmax(mask(q kᵀ / √D))) v for q, k, v of shape (B, H, T, D), causal mask, dropout
+/// probability p in training (drawn from `gen` exactly as dropout() on the (B, H, T, T) tensor).
+/// Backward, with P the probabilities, M the dropout mask / (1-p), Pd = M ⊙ P:
+///   dV = Pdᵀ dY,  dP = M ⊙ (dY Vᵀ),  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = dS K / √D,  dK = dSᵀ Q / √D.
+/// Saves: q, k, v and one log-sum-exp per query row (B, H, T); never a (T, T) tensor. Under
+/// autocast (float32): the four products on bfloat16 operands with float32 sums, q, k, v saved as
+/// their bfloat16 copies; the softmax and its backward in float32.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
+template <class T>
+BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
+                                double dropout_p = 0.0, bool training = true, Generator& gen = default_generator()) {
+  if constexpr (detail::routed<T>())
+    return detail::route([&](const auto& a, const auto& b, const auto& c) {
+      return remat::causal_attention(a, b, c, dropout_p, training, gen);
+    }, q, k, v);
+  else {
+    REMAT_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
+                "causal_attention: q, k, v must share one (B, H, T, D) shape, got {}, {}, {}", q.shape(), k.shape(), v.shape());
+    REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_attention: dropout must be in [0, 1), got {}", dropout_p);
+    const std::int64_t elements = q.size(0) * q.size(1) * q.size(2) * q.size(2);
+    const detail::DropoutDraw<T> drop = detail::attention_dropout<T>(dropout_p, training, elements, gen);
+    if constexpr (detail::kAutocasts<T>) {
+      if (is_autocast_enabled())
+        return detail::causal_attention_with(q, k, v, detail::autocast_operand(q), detail::autocast_operand(k),
+                                             detail::autocast_operand(v), drop);
+    }
+    return detail::causal_attention_with(q, k, v, q, k, v, drop);
+  }
+}
+
 /// causal_attention on a Transformer's packed projection: qkv (B, T, 3C) holds q | k | v along its
 /// last dim, head h of each at columns [h·D, (h+1)·D), D = C / n_head; returns (B, T, C) with the
 /// heads side by side. Bitwise what splitting qkv, viewing each part as (B, H, T, D), calling
 /// causal_attention and merging the heads back gives, without any of those copies.
 /// Saves: qkv (the projection's own output, no copy) and one log-sum-exp per query row (B, H, T).
+/// Under autocast (float32): as causal_attention, saving qkv's bfloat16 copy instead.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> causal_self_attention(const BasicTensor<T>& qkv, std::int64_t n_head, double dropout_p = 0.0,
                                      bool training = true, Generator& gen = default_generator()) {
-  REMAT_CHECK(qkv.dim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
-              "causal_self_attention: expected qkv (B, T, 3C) with C a multiple of n_head {}, got {}", n_head,
-              qkv.shape());
-  REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_self_attention: dropout must be in [0, 1), got {}",
-              dropout_p);
-  const std::int64_t B = qkv.size(0), t = qkv.size(1), C = qkv.size(2) / 3, H = n_head, d = C / H;
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const detail::DropoutDraw<T> drop = detail::attention_dropout<T>(dropout_p, training, B * H * t * t, gen);
-  const auto layout = detail::AttentionLayout::packed(B, H, t, d);
-
-  const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
-  auto [y, lse] = detail::produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, {qkv}, [=] {
-    BasicTensor<T> out_y(Shape{B, t, C}), out_lse(Shape{B, H, t});
-    const T* base = qkv.cdata();
-    detail::attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.threshold,
-                              drop.scale, drop.at_entry);
-    return std::make_tuple(out_y, out_lse);
-  });
-
-  if (detail::grad_needed(qkv))
-    detail::record<T>(op::causal_self_attention, {qkv}, {&y}, {qkv, lse}, [=](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T> packed = ctx.saved(0), ls = ctx.saved(1);
-      BasicTensor<T> grad(packed.shape());  // every element is written: q, k, v of every head
-      const T* base = packed.cdata();
-      T* g = grad.data();
-      detail::attention_backward(layout, base, base + C, base + 2 * C, ls.cdata(), ctx.grad_output().cdata(), g,
-                                 g + C, g + 2 * C, scale, drop.threshold, drop.scale, drop.at_entry);
-      ctx.accumulate(0, std::move(grad));
-    });
-  return y;
+  if constexpr (detail::routed<T>())
+    return detail::route([&](const auto& a) { return remat::causal_self_attention(a, n_head, dropout_p, training, gen); },
+                         qkv);
+  else {
+    REMAT_CHECK(qkv.dim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
+                "causal_self_attention: expected qkv (B, T, 3C) with C a multiple of n_head {}, got {}", n_head,
+                qkv.shape());
+    REMAT_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal_self_attention: dropout must be in [0, 1), got {}",
+                dropout_p);
+    const std::int64_t elements = qkv.size(0) * n_head * qkv.size(1) * qkv.size(1);
+    const detail::DropoutDraw<T> drop = detail::attention_dropout<T>(dropout_p, training, elements, gen);
+    if constexpr (detail::kAutocasts<T>) {
+      if (is_autocast_enabled()) return detail::causal_self_attention_with(qkv, detail::autocast_operand(qkv), n_head, drop);
+    }
+    return detail::causal_self_attention_with(qkv, qkv, n_head, drop);
+  }
 }
 
 }  // namespace remat

@@ -3,6 +3,7 @@
 // (the Transformer MLP's first layer), as Megatron's bias_gelu fusion. Unfused, the biased
 // pre-activation is written, read back by gelu, and its gradient read again for the bias sum.
 
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 #include "remat/ops/gelu.hpp"
 
@@ -16,64 +17,68 @@ inline const OpId bias_gelu = register_op("bias_gelu");
 /// y = gelu(x + bias) over the last dim: x (..., C), bias (C,); exact or tanh GELU as gelu().
 /// With a = x + bias and g = dy ⊙ gelu'(a):  dx = g,  dbias = Σ_rows g, in one pass over the rows.
 /// Saves: x and bias (a is rebuilt row by row in backward; no (..., C) tensor beyond x is kept).
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
                          GeluApproximation approximate = GeluApproximation::none) {
-  REMAT_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1),
-              "bias_gelu: bias must have shape (C,) for input (..., C); got bias {} for input {}", bias.shape(),
-              x.shape());
-  const std::int64_t c = bias.size(0), rows = c ? x.numel() / c : 0;
-  using F = detail::Gelu<T>;
-  const bool tanh = approximate == GeluApproximation::tanh;
-  BasicTensor<T> y = detail::produce<T>(op::bias_gelu, x.shape(), 2.0 * static_cast<double>(x.numel()), {x, bias}, [=] {
-    BasicTensor<T> out(x.shape());
-    const T* px = x.cdata();
-    T* py = out.data();
-    const detail::ConstArrayMap<T> b(bias.cdata(), c);
-    parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                 [&](std::int64_t r0, std::int64_t r1) {
-                   for (std::int64_t i = r0; i < r1; ++i) {
-                     const auto a = detail::ConstArrayMap<T>(px + i * c, c) + b;  // never stored
-                     detail::ArrayMap<T> yi(py + i * c, c);
-                     if (tanh) yi = F::tanh(a);
-                     else yi = F::exact(a);
-                   }
-                 });
-    return out;
-  });
-  if (detail::grad_needed(x, bias))
-    detail::record<T>(op::bias_gelu, {x, bias}, {&y}, {x, bias}, [c, rows, tanh](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T> xs = ctx.saved(0), bs = ctx.saved(1);
-      const T* px = xs.cdata();
-      const T* pdy = ctx.grad_output().cdata();
-      const detail::ConstArrayMap<T> b(bs.cdata(), c);
-      BasicTensor<T> dx(xs.shape());
-      T* pdx = dx.data();
-      // g for row i, written into dx (the input gradient is g itself).
-      auto row_grad = [&](std::int64_t i) {
-        const auto a = detail::ConstArrayMap<T>(px + i * c, c) + b;
-        const detail::ConstArrayMap<T> dy(pdy + i * c, c);
-        detail::ArrayMap<T> g(pdx + i * c, c);
-        if (tanh) g = F::tanh_grad(dy, a);
-        else g = F::exact_grad(dy, a);
-      };
-      if (ctx.needs_grad(1)) {
-        // Each row's g is summed into the bias gradient while it is still in cache.
-        BasicTensor<T> db(Shape{c});
-        detail::column_sums(rows, c, db.data(), [&](std::int64_t i, T* acc) {
-          row_grad(i);
-          detail::ArrayMap<T>(acc, c) += detail::ConstArrayMap<T>(pdx + i * c, c);
-        });
-        ctx.accumulate(1, std::move(db));
-      } else {
-        parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                     [&](std::int64_t r0, std::int64_t r1) {
-                       for (std::int64_t i = r0; i < r1; ++i) row_grad(i);
-                     });
-      }
-      if (ctx.needs_grad(0)) ctx.accumulate(0, std::move(dx));
+  if constexpr (detail::routed<T>()) return detail::route([=](const auto& a, const auto& b) { return remat::bias_gelu(a, b, approximate); }, x, bias);
+  else {
+    REMAT_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1),
+                "bias_gelu: bias must have shape (C,) for input (..., C); got bias {} for input {}", bias.shape(),
+                x.shape());
+    const std::int64_t c = bias.size(0), rows = c ? x.numel() / c : 0;
+    using F = detail::Gelu<T>;
+    const bool tanh = approximate == GeluApproximation::tanh;
+    BasicTensor<T> y = detail::produce<T>(op::bias_gelu, x.shape(), 2.0 * static_cast<double>(x.numel()), {x, bias}, [=] {
+      BasicTensor<T> out(x.shape());
+      const T* px = x.cdata();
+      T* py = out.data();
+      const detail::ConstArrayMap<T> b(bias.cdata(), c);
+      parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                   [&](std::int64_t r0, std::int64_t r1) {
+                     for (std::int64_t i = r0; i < r1; ++i) {
+                       const auto a = detail::ConstArrayMap<T>(px + i * c, c) + b;  // never stored
+                       detail::ArrayMap<T> yi(py + i * c, c);
+                       if (tanh) yi = F::tanh(a);
+                       else yi = F::exact(a);
+                     }
+                   });
+      return out;
     });
-  return y;
+    if (detail::grad_needed(x, bias))
+      detail::record<T>(op::bias_gelu, {x, bias}, {&y}, {x, bias}, [c, rows, tanh](detail::BackwardContext<T>& ctx) {
+        const BasicTensor<T> xs = ctx.saved(0), bs = ctx.saved(1);
+        const T* px = xs.cdata();
+        const T* pdy = ctx.grad_output().cdata();
+        const detail::ConstArrayMap<T> b(bs.cdata(), c);
+        BasicTensor<T> dx(xs.shape());
+        T* pdx = dx.data();
+        // g for row i, written into dx (the input gradient is g itself).
+        auto row_grad = [&](std::int64_t i) {
+          const auto a = detail::ConstArrayMap<T>(px + i * c, c) + b;
+          const detail::ConstArrayMap<T> dy(pdy + i * c, c);
+          detail::ArrayMap<T> g(pdx + i * c, c);
+          if (tanh) g = F::tanh_grad(dy, a);
+          else g = F::exact_grad(dy, a);
+        };
+        if (ctx.needs_grad(1)) {
+          // Each row's g is summed into the bias gradient while it is still in cache.
+          BasicTensor<T> db(Shape{c});
+          detail::column_sums(rows, c, db.data(), [&](std::int64_t i, T* acc) {
+            row_grad(i);
+            detail::ArrayMap<T>(acc, c) += detail::ConstArrayMap<T>(pdx + i * c, c);
+          });
+          ctx.accumulate(1, std::move(db));
+        } else {
+          parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                       [&](std::int64_t r0, std::int64_t r1) {
+                         for (std::int64_t i = r0; i < r1; ++i) row_grad(i);
+                       });
+        }
+        if (ctx.needs_grad(0)) ctx.accumulate(0, std::move(dx));
+      });
+    return y;
+  }
 }
 
 }  // namespace remat

@@ -13,6 +13,9 @@ inline const OpId cat = register_op("cat");
 
 /// y = the tensors joined along `dim`; all other dims must match.
 /// dx_i = dy[..., offset_i : offset_i + n_i, ...].  Saves: nothing.
+/// Dtype: any element type; bfloat16 directly (it only moves elements: the float32 route's bits).
+/// Mixed element types: convert first (one std::vector holds one type), e.g.
+/// cat(std::vector<Tensor>{to<float>(h), x}, d).
 template <class T>
 BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
   REMAT_CHECK(!xs.empty(), "cat: needs at least one tensor");

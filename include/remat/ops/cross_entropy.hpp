@@ -16,6 +16,7 @@
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
 
 namespace remat {
@@ -30,78 +31,82 @@ inline const OpId cross_entropy = register_op("cross_entropy");
 /// logits (N, C) or (B, T, C); targets (N) or (B, T). With every row ignored, loss is NaN (0/0),
 /// as in PyTorch.  dlogits_i = dloss (softmax(logits_i) - onehot(t_i)) / m; zero on ignored rows.
 /// Saves: softmax(logits) and targets.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& targets, std::int64_t ignore_index = -100) {
-  REMAT_CHECK(logits.dim() >= 2 && targets.dim() == logits.dim() - 1,
-              "cross_entropy: expected logits (..., C) and targets of the same shape without C, got logits {} and "
-              "targets {}", logits.shape(), targets.shape());
-  REMAT_CHECK(targets.shape() == logits.shape().without(logits.dim() - 1),
-              "cross_entropy: targets shape {} does not match logits shape {} without its last dim",
-              targets.shape(), logits.shape());
-  const std::int64_t c = logits.size(-1), n = targets.numel();
-  const std::int64_t* t = targets.data();
-  std::int64_t counted = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (t[i] == ignore_index) continue;
-    REMAT_CHECK(t[i] >= 0 && t[i] < c,
-                "cross_entropy: target {} at flat position {} is out of range for {} classes (ignore_index is {})",
-                t[i], i, c, ignore_index);
-    ++counted;
-  }
-  auto [loss, probs] = detail::produce_all<T, T>(
-      op::cross_entropy, {Shape{}, logits.shape()}, 5.0 * static_cast<double>(logits.numel()), {logits, targets}, [=] {
-        const std::int64_t* t = targets.data();
-        BasicTensor<T> out_probs(logits.shape());
-        const T* pz = logits.data();
-        T* pp = out_probs.data();
-        // Rows on all threads; each row's loss term kept, then added in row order (the same bits on
-        // any thread count).
-        std::vector<T> term(static_cast<std::size_t>(n), T(0));
-        parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                     [&](std::int64_t r0, std::int64_t r1) {
-                       for (std::int64_t i = r0; i < r1; ++i) {
-                         const detail::ConstArrayMap<T> z(pz + i * c, c);
-                         detail::ArrayMap<T> p(pp + i * c, c);
-                         const T top = z.maxCoeff();
-                         p = detail::exp_or_zero(z - top);
-                         const T norm = p.sum();
-                         p /= norm;
-                         // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
-                         if (t[i] != ignore_index) term[static_cast<std::size_t>(i)] = std::log(norm) - (z(t[i]) - top);
-                       }
-                     });
-        T total = 0;
-        for (std::int64_t i = 0; i < n; ++i)
-          if (t[i] != ignore_index) total += term[static_cast<std::size_t>(i)];
-        BasicTensor<T> out_loss(Shape{});
-        out_loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
-        return std::make_tuple(out_loss, out_probs);
-      });
-  if (detail::grad_needed(logits))
-    detail::record<T>(op::cross_entropy, {logits}, {&loss}, {probs, targets},
-                      [c, counted, ignore_index](detail::BackwardContext<T>& ctx) {
-                        const BasicTensor<T> pv = ctx.saved(0);
-                        const LongTensor tv = ctx.template saved<std::int64_t>(1);
-                        const T scale = ctx.grad_output().data()[0] / static_cast<T>(counted);
-                        BasicTensor<T> dz(pv.shape());
-                        const T* pp = pv.data();
-                        T* pg = dz.data();
-                        const std::int64_t* t = tv.data();
-                        parallel_for(tv.numel(), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                                     [&](std::int64_t r0, std::int64_t r1) {
-                                       for (std::int64_t i = r0; i < r1; ++i) {
-                                         detail::ArrayMap<T> g(pg + i * c, c);
-                                         if (t[i] == ignore_index) {
-                                           g.setZero();
-                                           continue;
+  if constexpr (detail::routed<T>()) return detail::route([&](const auto& a) { return remat::cross_entropy(a, targets, ignore_index); }, logits);
+  else {
+    REMAT_CHECK(logits.dim() >= 2 && targets.dim() == logits.dim() - 1,
+                "cross_entropy: expected logits (..., C) and targets of the same shape without C, got logits {} and "
+                "targets {}", logits.shape(), targets.shape());
+    REMAT_CHECK(targets.shape() == logits.shape().without(logits.dim() - 1),
+                "cross_entropy: targets shape {} does not match logits shape {} without its last dim",
+                targets.shape(), logits.shape());
+    const std::int64_t c = logits.size(-1), n = targets.numel();
+    const std::int64_t* t = targets.data();
+    std::int64_t counted = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (t[i] == ignore_index) continue;
+      REMAT_CHECK(t[i] >= 0 && t[i] < c,
+                  "cross_entropy: target {} at flat position {} is out of range for {} classes (ignore_index is {})",
+                  t[i], i, c, ignore_index);
+      ++counted;
+    }
+    auto [loss, probs] = detail::produce_all<T, T>(
+        op::cross_entropy, {Shape{}, logits.shape()}, 5.0 * static_cast<double>(logits.numel()), {logits, targets}, [=] {
+          const std::int64_t* t = targets.data();
+          BasicTensor<T> out_probs(logits.shape());
+          const T* pz = logits.data();
+          T* pp = out_probs.data();
+          // Rows on all threads; each row's loss term kept, then added in row order (the same bits on
+          // any thread count).
+          std::vector<T> term(static_cast<std::size_t>(n), T(0));
+          parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                       [&](std::int64_t r0, std::int64_t r1) {
+                         for (std::int64_t i = r0; i < r1; ++i) {
+                           const detail::ConstArrayMap<T> z(pz + i * c, c);
+                           detail::ArrayMap<T> p(pp + i * c, c);
+                           const T top = z.maxCoeff();
+                           p = detail::exp_or_zero(z - top);
+                           const T norm = p.sum();
+                           p /= norm;
+                           // -log p = log Σ exp(z - max) - (z_t - max): exact even where p underflows to 0.
+                           if (t[i] != ignore_index) term[static_cast<std::size_t>(i)] = std::log(norm) - (z(t[i]) - top);
+                         }
+                       });
+          T total = 0;
+          for (std::int64_t i = 0; i < n; ++i)
+            if (t[i] != ignore_index) total += term[static_cast<std::size_t>(i)];
+          BasicTensor<T> out_loss(Shape{});
+          out_loss.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
+          return std::make_tuple(out_loss, out_probs);
+        });
+    if (detail::grad_needed(logits))
+      detail::record<T>(op::cross_entropy, {logits}, {&loss}, {probs, targets},
+                        [c, counted, ignore_index](detail::BackwardContext<T>& ctx) {
+                          const BasicTensor<T> pv = ctx.saved(0);
+                          const LongTensor tv = ctx.template saved<std::int64_t>(1);
+                          const T scale = ctx.grad_output().data()[0] / static_cast<T>(counted);
+                          BasicTensor<T> dz(pv.shape());
+                          const T* pp = pv.data();
+                          T* pg = dz.data();
+                          const std::int64_t* t = tv.data();
+                          parallel_for(tv.numel(), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                                       [&](std::int64_t r0, std::int64_t r1) {
+                                         for (std::int64_t i = r0; i < r1; ++i) {
+                                           detail::ArrayMap<T> g(pg + i * c, c);
+                                           if (t[i] == ignore_index) {
+                                             g.setZero();
+                                             continue;
+                                           }
+                                           g = detail::ConstArrayMap<T>(pp + i * c, c) * scale;
+                                           g(t[i]) -= scale;
                                          }
-                                         g = detail::ConstArrayMap<T>(pp + i * c, c) * scale;
-                                         g(t[i]) -= scale;
-                                       }
-                                     });
-                        ctx.accumulate(0, std::move(dz));
-                      });
-  return loss;
+                                       });
+                          ctx.accumulate(0, std::move(dz));
+                        });
+    return loss;
+  }
 }
 
 }  // namespace remat

@@ -2,6 +2,7 @@
 #include <type_traits>
 
 #include "remat/ops/detail/binary.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -18,41 +19,56 @@ inline const OpId div = register_op("div");
 /// z = a / b, numpy broadcasting.  da = sum_to(dz / b, a.shape),
 /// db = sum_to(-dz * z / b, b.shape)  (since dz/db = -a/b² = -z/b).
 /// Saves: b, and z when b needs a gradient.
-template <class T>
-BasicTensor<T> div(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  auto over = [](const auto& x, const auto& y) { return x / y; };
-  return detail::binary_op(
-      op::div, a, b, over,
-      detail::partial<detail::reads_b>([over](const auto& dz, const auto& v) {
-        return detail::broadcast_apply(dz, v.b, "div", over);
-      }),
-      detail::partial<detail::reads_b | detail::reads_z>([over](const BasicTensor<T>& dz, const auto& v) {
-        BasicTensor<T> g(dz.shape());
-        detail::flat(g) = -detail::flat(dz) * detail::flat(v.z);
-        return detail::broadcast_apply(g, v.b, "div", over);
-      }));
+/// Dtype: mixed element types promote (bfloat16 < float32 < float64) through the differentiable cast;
+/// bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
+template <class A, class B>
+BasicTensor<detail::promote_t<A, B>> div(const BasicTensor<A>& a, const BasicTensor<B>& b) {
+  if constexpr (detail::routed<A, B>()) return detail::route([](const auto& x, const auto& y) { return remat::div(x, y); }, a, b);
+  else {
+    auto over = [](const auto& x, const auto& y) { return x / y; };
+    return detail::binary_op(
+        op::div, a, b, over,
+        detail::partial<detail::reads_b>([over](const auto& dz, const auto& v) {
+          return detail::broadcast_apply(dz, v.b, "div", over);
+        }),
+        detail::partial<detail::reads_b | detail::reads_z>([over](const BasicTensor<A>& dz, const auto& v) {
+          BasicTensor<A> g(dz.shape());
+          detail::flat(g) = -detail::flat(dz) * detail::flat(v.z);
+          return detail::broadcast_apply(g, v.b, "div", over);
+        }));
+  }
 }
 
 /// y = x / s.  dx = dy / s.  Saves: nothing.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> div(const BasicTensor<T>& x, S s) {
-  const T c = static_cast<T>(s);
-  return detail::unary_saving_nothing(
-      op::div_scalar, x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; });
+  if constexpr (detail::routed<T>()) return detail::route([s](const auto& a) { return remat::div(a, s); }, x);
+  else {
+    const T c = static_cast<T>(s);
+    return detail::unary_saving_nothing(
+        op::div_scalar, x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; });
+  }
 }
 
 /// y = s / x.  dx = -dy * s / x².  Saves: x.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> rdiv(const BasicTensor<T>& x, S s) {
-  const T c = static_cast<T>(s);
-  return detail::unary_saving_input(
-      op::rdiv_scalar, x, [c](const auto& a) { return c / a; },
-      [c](const auto& dy, const auto& v) { return -dy * c / (v * v); });
+  if constexpr (detail::routed<T>()) return detail::route([s](const auto& a) { return remat::rdiv(a, s); }, x);
+  else {
+    const T c = static_cast<T>(s);
+    return detail::unary_saving_input(
+        op::rdiv_scalar, x, [c](const auto& a) { return c / a; },
+        [c](const auto& dy, const auto& v) { return -dy * c / (v * v); });
+  }
 }
 
 /// a / b (div).
-template <class T>
-BasicTensor<T> operator/(const BasicTensor<T>& a, const BasicTensor<T>& b) { return div(a, b); }
+template <class A, class B>
+BasicTensor<detail::promote_t<A, B>> operator/(const BasicTensor<A>& a, const BasicTensor<B>& b) {
+  return div(a, b);
+}
 /// x / s (div).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator/(const BasicTensor<T>& x, S s) { return div(x, s); }

@@ -5,6 +5,7 @@
 #include "remat/core/threads.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/ops/detail/dropout_draw.hpp"
+#include "remat/ops/detail/dtype.hpp"
 
 namespace remat {
 namespace op {
@@ -42,24 +43,28 @@ void apply_dropout_mask(const T* in, T* out, std::int64_t n, float p, T scale, G
 /// y = x.  dx = dy ⊙ m / (1 - p).
 /// Saves: only the generator state at entry (two integers): backward regenerates the mask, and a
 /// checkpoint replay that restores the state draws the very same mask.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> dropout(const BasicTensor<T>& x, double p, bool training = true, Generator& gen = default_generator()) {
-  REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
-  if (!training || p == 0.0) return x;
-  const std::int64_t n = x.numel();
-  const detail::DropoutDraw<T> draw(p, static_cast<std::uint64_t>(n), gen);
-  BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
-    BasicTensor<T> out(x.shape());
-    detail::apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
-    return out;
-  });
-  if (detail::grad_needed(x))
-    detail::record<T>(op::dropout, {x}, {&y}, {}, [draw, n](detail::BackwardContext<T>& ctx) {
-      BasicTensor<T> dx(ctx.grad_output().shape());
-      detail::apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, draw.threshold, draw.scale, draw.at_entry);
-      ctx.accumulate(0, std::move(dx));
+  if constexpr (detail::routed<T>()) return detail::route([&](const auto& a) { return remat::dropout(a, p, training, gen); }, x);
+  else {
+    REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+    if (!training || p == 0.0) return x;
+    const std::int64_t n = x.numel();
+    const detail::DropoutDraw<T> draw(p, static_cast<std::uint64_t>(n), gen);
+    BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
+      BasicTensor<T> out(x.shape());
+      detail::apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
+      return out;
     });
-  return y;
+    if (detail::grad_needed(x))
+      detail::record<T>(op::dropout, {x}, {&y}, {}, [draw, n](detail::BackwardContext<T>& ctx) {
+        BasicTensor<T> dx(ctx.grad_output().shape());
+        detail::apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, draw.threshold, draw.scale, draw.at_entry);
+        ctx.accumulate(0, std::move(dx));
+      });
+    return y;
+  }
 }
 
 }  // namespace remat

@@ -1,4 +1,5 @@
 #pragma once
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
 #include "remat/ops/detail/unary.hpp"
 
@@ -10,9 +11,11 @@ inline const OpId exp = register_op("exp");
 
 
 /// y = exp(x) (exactly 0 below the smallest normal: detail/exp.hpp).  dx = dy * y.  Saves: y.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> exp(const BasicTensor<T>& x) {
-  return detail::unary_saving_output(
+  if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::exp(a); }, x);
+  else return detail::unary_saving_output(
       op::exp, x, [](const auto& a) { return detail::exp_or_zero(a); }, [](const auto& dy, const auto& y) { return dy * y; });
 }
 

@@ -4,6 +4,7 @@
 
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -54,16 +55,20 @@ struct Gelu {
 
 /// y = x Φ(x) (exact, with erf) or GPT-2's tanh approximation; formulas in detail::Gelu.
 /// Saves: x (the derivative is not a function of y).
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> gelu(const BasicTensor<T>& x, GeluApproximation approximate = GeluApproximation::none) {
-  using F = detail::Gelu<T>;
-  if (approximate == GeluApproximation::tanh)
+  if constexpr (detail::routed<T>()) return detail::route([approximate](const auto& a) { return remat::gelu(a, approximate); }, x);
+  else {
+    using F = detail::Gelu<T>;
+    if (approximate == GeluApproximation::tanh)
+      return detail::unary_saving_input(
+          op::gelu_tanh, x, [](const auto& a) { return F::tanh(a); },
+          [](const auto& dy, const auto& a) { return F::tanh_grad(dy, a); });
     return detail::unary_saving_input(
-        op::gelu_tanh, x, [](const auto& a) { return F::tanh(a); },
-        [](const auto& dy, const auto& a) { return F::tanh_grad(dy, a); });
-  return detail::unary_saving_input(
-      op::gelu, x, [](const auto& a) { return F::exact(a); },
-      [](const auto& dy, const auto& a) { return F::exact_grad(dy, a); });
+        op::gelu, x, [](const auto& a) { return F::exact(a); },
+        [](const auto& dy, const auto& a) { return F::exact_grad(dy, a); });
+  }
 }
 
 /// PyTorch's spelling: gelu(x, "tanh") or gelu(x, "none").

@@ -13,6 +13,7 @@
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
@@ -21,112 +22,127 @@ namespace op {
 inline const OpId layer_norm = register_op("layer_norm");
 }  // namespace op
 
+namespace detail {
+/// Whether layer_norm takes parameters of element type P for an input of element type T.
+template <class T, class P>
+inline constexpr bool layer_norm_params = std::is_same_v<P, T> || (is_bfloat16<T> && std::is_same_v<P, float>);
+}  // namespace detail
 
 /// Over the last dim of size C, per row:  μ = mean(x), r = 1/√(var(x) + eps) (biased variance),
 /// x̂ = (x - μ) r,  y = x̂ ⊙ w + b  (w, b of shape (C,), either may be undefined).
 /// Backward, with g = dy ⊙ w:
 ///   dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy,  dx = r (g - mean(g) - x̂ mean(g ⊙ x̂)).
 /// Saves: x, w, and per row μ and r (two scalars a row); x̂ is recomputed from them.
-template <class T>
-BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias,
+/// Dtype: weight and bias have x's element type, or float32 for a bfloat16 x (PyTorch's mixed-type
+/// layer norm); a bfloat16 x computes in float32 (statistics too) and y is rounded to bfloat16.
+template <class T, class W = T, class B = W>
+BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight, const BasicTensor<B>& bias,
                           double eps = 1e-5) {
-  REMAT_CHECK(x.dim() >= 1, "layer_norm: needs a tensor of rank >= 1, got shape {}", x.shape());
-  const std::int64_t c = x.size(-1);
-  REMAT_CHECK(!weight.defined() || weight.shape() == Shape{c},
-              "layer_norm: weight has shape {}, expected ({},) for input {}", weight.shape(), c, x.shape());
-  REMAT_CHECK(!bias.defined() || bias.shape() == Shape{c},
-              "layer_norm: bias has shape {}, expected ({},) for input {}", bias.shape(), c, x.shape());
-  REMAT_CHECK(c > 0, "layer_norm: the normalised dim of shape {} is empty", x.shape());
-  const std::int64_t n = x.numel() / c;
-  // The per-row statistics are outputs too: whoever keeps y keeps what its backward needs.
-  auto [y, mean, rstd] = detail::produce_all<T, T, T>(
-      op::layer_norm, {x.shape(), Shape{n}, Shape{n}}, 8.0 * static_cast<double>(x.numel()), {x, weight, bias}, [=] {
-        BasicTensor<T> out_y(x.shape()), out_mean(Shape{n}), out_rstd(Shape{n});
-        const T* px = x.data();
-        T* py = out_y.data();
-        T* pm = out_mean.data();
-        T* pr = out_rstd.data();
-        // Row by row: the row is read from memory once, and its later passes hit the L1 cache.
-        const T* pw = weight.defined() ? weight.cdata() : nullptr;
-        const T* pb = bias.defined() ? bias.cdata() : nullptr;
-        parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
-          for (std::int64_t i = r0; i < r1; ++i) {
-            const detail::ConstArrayMap<T> in(px + i * c, c);
-            detail::ArrayMap<T> out(py + i * c, c);
-            const T mu = in.mean();
-            const T r = T(1) / std::sqrt((in - mu).square().sum() / static_cast<T>(c) + static_cast<T>(eps));
-            pm[i] = mu;
-            pr[i] = r;
-            if (pw && pb) out = (in - mu) * r * detail::ConstArrayMap<T>(pw, c) + detail::ConstArrayMap<T>(pb, c);
-            else if (pw) out = (in - mu) * r * detail::ConstArrayMap<T>(pw, c);
-            else if (pb) out = (in - mu) * r + detail::ConstArrayMap<T>(pb, c);
-            else out = (in - mu) * r;
-          }
+  static_assert(detail::layer_norm_params<T, W> && detail::layer_norm_params<T, B>,
+                "layer_norm: weight and bias must have the input's element type, or float32 for a bfloat16 input "
+                "(PyTorch's mixed-type layer norm); convert them with to<T>(weight)");
+  if constexpr (detail::routed<T>())
+    return detail::in_float32([eps](const auto& a, const auto& w, const auto& b) { return remat::layer_norm(a, w, b, eps); },
+                              x, weight, bias);
+  else {
+    REMAT_CHECK(x.dim() >= 1, "layer_norm: needs a tensor of rank >= 1, got shape {}", x.shape());
+    const std::int64_t c = x.size(-1);
+    REMAT_CHECK(!weight.defined() || weight.shape() == Shape{c},
+                "layer_norm: weight has shape {}, expected ({},) for input {}", weight.shape(), c, x.shape());
+    REMAT_CHECK(!bias.defined() || bias.shape() == Shape{c},
+                "layer_norm: bias has shape {}, expected ({},) for input {}", bias.shape(), c, x.shape());
+    REMAT_CHECK(c > 0, "layer_norm: the normalised dim of shape {} is empty", x.shape());
+    const std::int64_t n = x.numel() / c;
+    // The per-row statistics are outputs too: whoever keeps y keeps what its backward needs.
+    auto [y, mean, rstd] = detail::produce_all<T, T, T>(
+        op::layer_norm, {x.shape(), Shape{n}, Shape{n}}, 8.0 * static_cast<double>(x.numel()), {x, weight, bias}, [=] {
+          BasicTensor<T> out_y(x.shape()), out_mean(Shape{n}), out_rstd(Shape{n});
+          const T* px = x.data();
+          T* py = out_y.data();
+          T* pm = out_mean.data();
+          T* pr = out_rstd.data();
+          // Row by row: the row is read from memory once, and its later passes hit the L1 cache.
+          const T* pw = weight.defined() ? weight.cdata() : nullptr;
+          const T* pb = bias.defined() ? bias.cdata() : nullptr;
+          parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
+            for (std::int64_t i = r0; i < r1; ++i) {
+              const detail::ConstArrayMap<T> in(px + i * c, c);
+              detail::ArrayMap<T> out(py + i * c, c);
+              const T mu = in.mean();
+              const T r = T(1) / std::sqrt((in - mu).square().sum() / static_cast<T>(c) + static_cast<T>(eps));
+              pm[i] = mu;
+              pr[i] = r;
+              if (pw && pb) out = (in - mu) * r * detail::ConstArrayMap<T>(pw, c) + detail::ConstArrayMap<T>(pb, c);
+              else if (pw) out = (in - mu) * r * detail::ConstArrayMap<T>(pw, c);
+              else if (pb) out = (in - mu) * r + detail::ConstArrayMap<T>(pb, c);
+              else out = (in - mu) * r;
+            }
+          });
+          return std::make_tuple(out_y, out_mean, out_rstd);
         });
-        return std::make_tuple(out_y, out_mean, out_rstd);
-      });
 
-  if (detail::grad_needed(x, weight, bias)) {
-    std::vector<detail::SavedTensor> saved{x, mean, rstd};
-    if (weight.defined()) saved.emplace_back(weight);
-    detail::record<T>(
-        op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
-        [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
-          const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
-          const T* px = xv.cdata();
-          const T* pm = mv.cdata();
-          const T* pr = rv.cdata();
-          const T* pdy = ctx.grad_output().cdata();
-          const BasicTensor<T> wv = has_weight ? ctx.saved(3) : BasicTensor<T>();
-          const T* pw = has_weight ? wv.cdata() : nullptr;
-          const std::int64_t n = c ? xv.numel() / c : 0;
-          const bool need_dx = ctx.needs_grad(0), need_dw = ctx.needs_grad(1), need_db = ctx.needs_grad(2);
-          const auto inv_c = T(1) / static_cast<T>(c);
-          BasicTensor<T> dx = need_dx ? BasicTensor<T>(xv.shape()) : BasicTensor<T>();
-          T* pdx = need_dx ? dx.data() : nullptr;
-          using Vec = detail::ConstArrayMap<T>;
-          // One pass over the rows: each row's x̂ (rebuilt from the saved mean and rstd), its input
-          // gradient, and its terms of the weight and bias sums, while the row is in cache.
-          // Per row: dx = ((g - mean(g)) - x̂ · mean(g · x̂)) · rstd, with g = dy · weight.
-          auto row = [&](std::int64_t i, T* acc_w, T* acc_b) {
-            const auto xhat = (Vec(px + i * c, c) - pm[i]) * pr[i];
-            const Vec dy(pdy + i * c, c);
-            if (acc_w) detail::ArrayMap<T>(acc_w, c) += dy * xhat;
-            if (acc_b) detail::ArrayMap<T>(acc_b, c) += dy;
-            if (!pdx) return;
-            detail::ArrayMap<T> g(pdx + i * c, c);  // g, then dx in place
-            if (pw) g = dy * Vec(pw, c);
-            else g = dy;
-            const T mean_g = g.sum() * inv_c, mean_gx = (g * xhat).sum() * inv_c;
-            g = ((g - mean_g) - xhat * mean_gx) * pr[i];
-          };
-          if (need_dw || need_db) {
-            // The sums as one (dw | db) row of column_sums: fixed blocks, any thread count.
-            const std::int64_t width = (need_dw ? c : 0) + (need_db ? c : 0);
-            BasicTensor<T> sums(Shape{width});
-            detail::column_sums(n, width, sums.data(), [&](std::int64_t i, T* acc) {
-              row(i, need_dw ? acc : nullptr, need_db ? acc + (need_dw ? c : 0) : nullptr);
-            });
-            if (need_dw) {
-              BasicTensor<T> dw(Shape{c});
-              detail::ArrayMap<T>(dw.data(), c) = Vec(sums.cdata(), c);
-              ctx.accumulate(1, std::move(dw));
+    if (detail::grad_needed(x, weight, bias)) {
+      std::vector<detail::SavedTensor> saved{x, mean, rstd};
+      if (weight.defined()) saved.emplace_back(weight);
+      detail::record<T>(
+          op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
+          [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
+            const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
+            const T* px = xv.cdata();
+            const T* pm = mv.cdata();
+            const T* pr = rv.cdata();
+            const T* pdy = ctx.grad_output().cdata();
+            const BasicTensor<T> wv = has_weight ? ctx.saved(3) : BasicTensor<T>();
+            const T* pw = has_weight ? wv.cdata() : nullptr;
+            const std::int64_t n = c ? xv.numel() / c : 0;
+            const bool need_dx = ctx.needs_grad(0), need_dw = ctx.needs_grad(1), need_db = ctx.needs_grad(2);
+            const auto inv_c = T(1) / static_cast<T>(c);
+            BasicTensor<T> dx = need_dx ? BasicTensor<T>(xv.shape()) : BasicTensor<T>();
+            T* pdx = need_dx ? dx.data() : nullptr;
+            using Vec = detail::ConstArrayMap<T>;
+            // One pass over the rows: each row's x̂ (rebuilt from the saved mean and rstd), its input
+            // gradient, and its terms of the weight and bias sums, while the row is in cache.
+            // Per row: dx = ((g - mean(g)) - x̂ · mean(g · x̂)) · rstd, with g = dy · weight.
+            auto row = [&](std::int64_t i, T* acc_w, T* acc_b) {
+              const auto xhat = (Vec(px + i * c, c) - pm[i]) * pr[i];
+              const Vec dy(pdy + i * c, c);
+              if (acc_w) detail::ArrayMap<T>(acc_w, c) += dy * xhat;
+              if (acc_b) detail::ArrayMap<T>(acc_b, c) += dy;
+              if (!pdx) return;
+              detail::ArrayMap<T> g(pdx + i * c, c);  // g, then dx in place
+              if (pw) g = dy * Vec(pw, c);
+              else g = dy;
+              const T mean_g = g.sum() * inv_c, mean_gx = (g * xhat).sum() * inv_c;
+              g = ((g - mean_g) - xhat * mean_gx) * pr[i];
+            };
+            if (need_dw || need_db) {
+              // The sums as one (dw | db) row of column_sums: fixed blocks, any thread count.
+              const std::int64_t width = (need_dw ? c : 0) + (need_db ? c : 0);
+              BasicTensor<T> sums(Shape{width});
+              detail::column_sums(n, width, sums.data(), [&](std::int64_t i, T* acc) {
+                row(i, need_dw ? acc : nullptr, need_db ? acc + (need_dw ? c : 0) : nullptr);
+              });
+              if (need_dw) {
+                BasicTensor<T> dw(Shape{c});
+                detail::ArrayMap<T>(dw.data(), c) = Vec(sums.cdata(), c);
+                ctx.accumulate(1, std::move(dw));
+              }
+              if (need_db) {
+                BasicTensor<T> db(Shape{c});
+                detail::ArrayMap<T>(db.data(), c) = Vec(sums.cdata() + (need_dw ? c : 0), c);
+                ctx.accumulate(2, std::move(db));
+              }
+            } else if (need_dx) {
+              parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                           [&](std::int64_t r0, std::int64_t r1) {
+                             for (std::int64_t i = r0; i < r1; ++i) row(i, nullptr, nullptr);
+                           });
             }
-            if (need_db) {
-              BasicTensor<T> db(Shape{c});
-              detail::ArrayMap<T>(db.data(), c) = Vec(sums.cdata() + (need_dw ? c : 0), c);
-              ctx.accumulate(2, std::move(db));
-            }
-          } else if (need_dx) {
-            parallel_for(n, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                         [&](std::int64_t r0, std::int64_t r1) {
-                           for (std::int64_t i = r0; i < r1; ++i) row(i, nullptr, nullptr);
-                         });
-          }
-          if (need_dx) ctx.accumulate(0, std::move(dx));
-        });
+            if (need_dx) ctx.accumulate(0, std::move(dx));
+          });
+    }
+    return y;
   }
-  return y;
 }
 
 }  // namespace remat

@@ -4,6 +4,7 @@
 #include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
@@ -23,10 +24,12 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
   const std::int64_t in = weight.size(1), out = weight.size(0);
   std::vector<std::int64_t> s = x.shape().vec();
   s.back() = out;
-  const double flops = 2.0 * static_cast<double>(x.numel() / std::max<std::int64_t>(in, 1)) * static_cast<double>(in * out);
-  BasicTensor<T> y = produce<T>(op::linear, Shape(s), flops, {x, weight, bias}, [=] {
+  const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
+  const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(in * out);
+  // The compute reads (and a memory budget's recompute keeps) the operands as the GEMM takes
+  // them: under autocast the bfloat16 copies, never the float32 x and W beside them.
+  BasicTensor<T> y = produce<T>(op::linear, Shape(s), flops, {xe, we, bias}, [=] {
     BasicTensor<T> result{Shape(s)};
-    const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
     gemm(false, true, rows, out, in, xe.cdata(), in, we.cdata(), in, result.data(), out);
     if (bias.defined()) matrix(result, out).rowwise() += flat(bias).matrix().transpose();
     return result;
@@ -72,19 +75,25 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
 /// Saves: W if x needs a gradient, x if W does. Under autocast (float32): the product and its
 /// gradients on bfloat16 copies of x, W and dy with float32 sums, the bias added in float32, and
 /// the bfloat16 copies saved.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias = {}) {
-  REMAT_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}", weight.shape());
-  REMAT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
-              "linear: input {} has {} features in its last dim, weight {} expects {}", x.shape(),
-              x.dim() ? x.size(-1) : 0, weight.shape(), weight.size(1));
-  REMAT_CHECK(!bias.defined() || bias.shape() == Shape{weight.size(0)}, "linear: bias has shape {}, expected ({},)",
-              bias.shape(), weight.size(0));
-  if constexpr (detail::kAutocasts<T>) {
-    if (is_autocast_enabled())
-      return detail::linear_with<T, bfloat16>(x, weight, bias, detail::bfloat16_copy(x), detail::bfloat16_copy(weight));
+  if constexpr (detail::routed<T>())
+    return detail::route([](const auto& a, const auto& w, const auto& b) { return remat::linear(a, w, b); }, x, weight,
+                         bias);
+  else {
+    REMAT_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}", weight.shape());
+    REMAT_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
+                "linear: input {} has {} features in its last dim, weight {} expects {}", x.shape(),
+                x.dim() ? x.size(-1) : 0, weight.shape(), weight.size(1));
+    REMAT_CHECK(!bias.defined() || bias.shape() == Shape{weight.size(0)}, "linear: bias has shape {}, expected ({},)",
+                bias.shape(), weight.size(0));
+    if constexpr (detail::kAutocasts<T>) {
+      if (is_autocast_enabled())
+        return detail::linear_with<T, bfloat16>(x, weight, bias, detail::autocast_operand(x), detail::autocast_operand(weight));
+    }
+    return detail::linear_with<T, T>(x, weight, bias, x, weight);
   }
-  return detail::linear_with<T, T>(x, weight, bias, x, weight);
 }
 
 }  // namespace remat

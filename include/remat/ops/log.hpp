@@ -1,4 +1,5 @@
 #pragma once
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -9,9 +10,11 @@ inline const OpId log = register_op("log");
 
 
 /// y = log(x).  dx = dy / x.  Saves: x.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> log(const BasicTensor<T>& x) {
-  return detail::unary_saving_input(
+  if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::log(a); }, x);
+  else return detail::unary_saving_input(
       op::log, x, [](const auto& a) { return a.log(); }, [](const auto& dy, const auto& v) { return dy / v; });
 }
 

@@ -3,6 +3,7 @@
 
 #include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/dtype.hpp"
 
 namespace remat {
 namespace op {
@@ -37,12 +38,14 @@ BasicTensor<T> masked_select_fill(const BasicTensor<T>& x, const BoolTensor& mas
 
 /// y = value where mask, else x; mask broadcasts to x's shape (e.g. (T, T) over (B, H, T, T)).
 /// dx = dy where not mask, else 0.  Saves: mask.
+/// Dtype: any element type; bfloat16 directly, value rounded to nearest even as to<bfloat16> does
+/// (it only selects elements: the float32 route's bits).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> masked_fill(const BasicTensor<T>& x, const BoolTensor& mask, S value) {
   REMAT_CHECK(detail::broadcast_shape(x.shape(), mask.shape(), "masked_fill") == x.shape(),
               "masked_fill: mask of shape {} must broadcast to the input's shape {}", mask.shape(), x.shape());
   BasicTensor<T> y = detail::produce<T>(op::masked_fill, x.shape(), static_cast<double>(x.numel()),
-                                        {x, mask}, [=] { return detail::masked_select_fill(x, mask, static_cast<T>(value)); });
+                                        {x, mask}, [=] { return detail::masked_select_fill(x, mask, detail::element_of<T>(value)); });
   if (detail::grad_needed(x))
     detail::record<T>(op::masked_fill, {x}, {&y}, {mask}, [](detail::BackwardContext<T>& ctx) {
       ctx.accumulate(0, detail::masked_select_fill(ctx.grad_output(), ctx.template saved<bool>(0), T(0)));

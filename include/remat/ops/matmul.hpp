@@ -7,6 +7,7 @@
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/detail/dtype.hpp"
 
 namespace remat {
 /// Op identities (OpId), one registered constant per op (op::matmul, op::softmax, ...), by which
@@ -89,7 +90,7 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
     out_shape = Shape(s);
   }
   const double flops = 2.0 * static_cast<double>(out_shape.numel()) * static_cast<double>(K);
-  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, {a, b}, [=] {
+  BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, {ae, be}, [=] {  // the operands as read
     BasicTensor<T> out(out_shape);
     if (fold) {
       detail::gemm(false, tb, N ? out.numel() / N : 0, N, K, ae.cdata(), K, be.cdata(), ldb, out.data(), N);
@@ -178,20 +179,26 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
 /// Saves: B if A needs a gradient, A if B does.
 /// Under autocast (float32): the products on bfloat16 copies of A, B and dC with float32 sums, the
 /// copies saved.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool transpose_a, bool transpose_b) {
-  REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
-              a.shape(), b.shape());
-  const bool ta = transpose_a, tb = transpose_b;
-  const std::int64_t K = a.size(ta ? -2 : -1);
-  REMAT_CHECK(b.size(tb ? -1 : -2) == K,
-              "matmul: inner dims differ: {}{} @ {}{} (A contributes {} to the product's inner dim, B {})", a.shape(),
-              ta ? "ᵀ" : "", b.shape(), tb ? "ᵀ" : "", K, b.size(tb ? -1 : -2));
-  if constexpr (detail::kAutocasts<T>) {
-    if (is_autocast_enabled())
-      return detail::matmul_with<T, bfloat16>(a, b, detail::bfloat16_copy(a), detail::bfloat16_copy(b), ta, tb);
+  if constexpr (detail::routed<T>())
+    return detail::route([=](const auto& x, const auto& y) { return remat::matmul(x, y, transpose_a, transpose_b); }, a,
+                         b);
+  else {
+    REMAT_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs tensors of rank >= 2, got shapes {} and {}",
+                a.shape(), b.shape());
+    const bool ta = transpose_a, tb = transpose_b;
+    const std::int64_t K = a.size(ta ? -2 : -1);
+    REMAT_CHECK(b.size(tb ? -1 : -2) == K,
+                "matmul: inner dims differ: {}{} @ {}{} (A contributes {} to the product's inner dim, B {})", a.shape(),
+                ta ? "ᵀ" : "", b.shape(), tb ? "ᵀ" : "", K, b.size(tb ? -1 : -2));
+    if constexpr (detail::kAutocasts<T>) {
+      if (is_autocast_enabled())
+        return detail::matmul_with<T, bfloat16>(a, b, detail::autocast_operand(a), detail::autocast_operand(b), ta, tb);
+    }
+    return detail::matmul_with<T, T>(a, b, a, b, ta, tb);
   }
-  return detail::matmul_with<T, T>(a, b, a, b, ta, tb);
 }
 
 /// C = A B over the last two dims: A (..., M, K), B (..., K, N) -> (..., M, N), as torch.matmul

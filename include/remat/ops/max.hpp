@@ -19,6 +19,7 @@ struct MaxResult {
 
 /// values[o, i] = max_k x[o, k, i], indices = argmax (first on ties, as PyTorch on CPU).
 /// dx[o, indices[o, i], i] = dy[o, i], zero elsewhere.  Saves: indices.
+/// Dtype: any element type; bfloat16 directly (it only moves elements: the float32 route's bits).
 template <class T>
 MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false) {
   const int d = x.shape().dim(dim, "max");

@@ -30,6 +30,7 @@ void copy_along(const BasicTensor<T>& src, std::int64_t src_start, BasicTensor<T
 
 /// y = x[..., start : start + length, ...] along `dim`, copied.
 /// dx = zeros with dy placed at [start, start + length).  Saves: nothing.
+/// Dtype: any element type; bfloat16 directly (it only moves elements: the float32 route's bits).
 template <class T>
 BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t start, std::int64_t length) {
   const int d = x.shape().dim(dim, "narrow");

@@ -1,4 +1,5 @@
 #pragma once
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -9,9 +10,11 @@ inline const OpId neg = register_op("neg");
 
 
 /// y = -x.  dx = -dy.  Saves: nothing.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> neg(const BasicTensor<T>& x) {
-  return detail::unary_saving_nothing(
+  if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::neg(a); }, x);
+  else return detail::unary_saving_nothing(
       op::neg, x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; });
 }
 

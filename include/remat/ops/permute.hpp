@@ -45,6 +45,7 @@ BasicTensor<T> permuted_copy(const BasicTensor<T>& x, const std::vector<int>& pe
 
 /// y = x with dims reordered (y dim i = x dim dims[i]), copied contiguous.
 /// dx = dy permuted by the inverse order.  Saves: nothing.
+/// Dtype: any element type; bfloat16 directly (it only moves elements: the float32 route's bits).
 template <class T>
 BasicTensor<T> permute(const BasicTensor<T>& x, const std::vector<std::int64_t>& dims) {
   const int r = x.dim();

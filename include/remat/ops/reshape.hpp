@@ -12,6 +12,7 @@ inline const OpId reshape = register_op("reshape");
 
 /// y = x with a new shape and the same data (a view: storage is shared). One size may be -1 and
 /// is inferred.  dx = dy reshaped back.  Saves: nothing.
+/// Dtype: any element type; bfloat16 directly (it only moves elements: the float32 route's bits).
 template <class T>
 BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes) {
   std::int64_t known = 1;

@@ -1,4 +1,5 @@
 #pragma once
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -9,9 +10,11 @@ inline const OpId sigmoid = register_op("sigmoid");
 
 
 /// y = 1 / (1 + exp(-x)).  dx = dy * y * (1 - y).  Saves: y.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> sigmoid(const BasicTensor<T>& x) {
-  return detail::unary_saving_output(
+  if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::sigmoid(a); }, x);
+  else return detail::unary_saving_output(
       op::sigmoid, x, [](const auto& a) { return a.logistic(); },
       [](const auto& dy, const auto& y) { return dy * y * (T(1) - y); });
 }

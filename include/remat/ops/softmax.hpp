@@ -12,6 +12,7 @@
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
 
 namespace remat {
@@ -34,69 +35,77 @@ inline void check_last_dim(const Shape& s, std::int64_t dim, const char* op) {
 
 /// y = exp(x - max) / Σ exp(x - max) over the last dim (shifting by the row max keeps exp finite).
 /// dx = y ⊙ (dy - Σ_j dy_j y_j)   (the Jacobian is diag(y) - y yᵀ).  Saves: y.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
-  detail::check_last_dim(x.shape(), dim, "softmax");
-  const std::int64_t c = x.size(-1);
-  BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), {x}, [=] {
-    BasicTensor<T> result(x.shape());
-    const T* px = x.data();
-    T* py = result.data();
-    parallel_for(x.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                 [&](std::int64_t r0, std::int64_t r1) {
-                   // Row by row on contiguous maps: Eigen vectorises exp along a row, not across a
-                   // block broadcast column-wise (that ran glibc's scalar expf per element).
-                   for (std::int64_t r = r0; r < r1; ++r) {
-                     const detail::ConstArrayMap<T> in(px + r * c, c);
-                     detail::ArrayMap<T> out(py + r * c, c);
-                     out = detail::exp_or_zero(in - in.maxCoeff());
-                     out /= out.sum();
-                   }
-                 });
-    return result;
-  });
-  if (detail::grad_needed(x))
-    detail::record<T>(op::softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T> yv = ctx.saved(0);
-      const T* py = yv.data();
-      const T* pd = ctx.grad_output().data();
-      BasicTensor<T> dx(yv.shape());
-      T* px = dx.data();
-      parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+  if constexpr (detail::routed<T>()) return detail::route([dim](const auto& a) { return remat::softmax(a, dim); }, x);
+  else {
+    detail::check_last_dim(x.shape(), dim, "softmax");
+    const std::int64_t c = x.size(-1);
+    BasicTensor<T> y = detail::produce<T>(op::softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), {x}, [=] {
+      BasicTensor<T> result(x.shape());
+      const T* px = x.data();
+      T* py = result.data();
+      parallel_for(x.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
                    [&](std::int64_t r0, std::int64_t r1) {
+                     // Row by row on contiguous maps: Eigen vectorises exp along a row, not across a
+                     // block broadcast column-wise (that ran glibc's scalar expf per element).
                      for (std::int64_t r = r0; r < r1; ++r) {
-                       const detail::ConstArrayMap<T> ys(py + r * c, c), dy(pd + r * c, c);
-                       detail::ArrayMap<T>(px + r * c, c) = ys * (dy - (dy * ys).sum());
+                       const detail::ConstArrayMap<T> in(px + r * c, c);
+                       detail::ArrayMap<T> out(py + r * c, c);
+                       out = detail::exp_or_zero(in - in.maxCoeff());
+                       out /= out.sum();
                      }
                    });
-      ctx.accumulate(0, std::move(dx));
+      return result;
     });
-  return y;
+    if (detail::grad_needed(x))
+      detail::record<T>(op::softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
+        const BasicTensor<T> yv = ctx.saved(0);
+        const T* py = yv.data();
+        const T* pd = ctx.grad_output().data();
+        BasicTensor<T> dx(yv.shape());
+        T* px = dx.data();
+        parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                     [&](std::int64_t r0, std::int64_t r1) {
+                       for (std::int64_t r = r0; r < r1; ++r) {
+                         const detail::ConstArrayMap<T> ys(py + r * c, c), dy(pd + r * c, c);
+                         detail::ArrayMap<T>(px + r * c, c) = ys * (dy - (dy * ys).sum());
+                       }
+                     });
+        ctx.accumulate(0, std::move(dx));
+      });
+    return y;
+  }
 }
 
 /// y = x - max - log Σ exp(x - max) over the last dim.
 /// dx = dy - exp(y) Σ_j dy_j.  Saves: y.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
-  detail::check_last_dim(x.shape(), dim, "log_softmax");
-  const std::int64_t c = x.size(-1);
-  BasicTensor<T> y = detail::produce<T>(op::log_softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), {x}, [=] {
-    BasicTensor<T> result(x.shape());
-    auto in = detail::rows(x, c);
-    auto out = detail::rows(result, c);
-    out = in.colwise() - in.rowwise().maxCoeff();
-    out.colwise() -= detail::exp_or_zero(out).rowwise().sum().log();
-    return result;
-  });
-  if (detail::grad_needed(x))
-    detail::record<T>(op::log_softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
-      const BasicTensor<T> yv = ctx.saved(0);
-      auto dy = detail::rows(ctx.grad_output(), c);
-      BasicTensor<T> dx(yv.shape());
-      detail::rows(dx, c) = dy - detail::exp_or_zero(detail::rows(yv, c)).colwise() * dy.rowwise().sum();
-      ctx.accumulate(0, std::move(dx));
+  if constexpr (detail::routed<T>()) return detail::route([dim](const auto& a) { return remat::log_softmax(a, dim); }, x);
+  else {
+    detail::check_last_dim(x.shape(), dim, "log_softmax");
+    const std::int64_t c = x.size(-1);
+    BasicTensor<T> y = detail::produce<T>(op::log_softmax, x.shape(), 5.0 * static_cast<double>(x.numel()), {x}, [=] {
+      BasicTensor<T> result(x.shape());
+      auto in = detail::rows(x, c);
+      auto out = detail::rows(result, c);
+      out = in.colwise() - in.rowwise().maxCoeff();
+      out.colwise() -= detail::exp_or_zero(out).rowwise().sum().log();
+      return result;
     });
-  return y;
+    if (detail::grad_needed(x))
+      detail::record<T>(op::log_softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
+        const BasicTensor<T> yv = ctx.saved(0);
+        auto dy = detail::rows(ctx.grad_output(), c);
+        BasicTensor<T> dx(yv.shape());
+        detail::rows(dx, c) = dy - detail::exp_or_zero(detail::rows(yv, c)).colwise() * dy.rowwise().sum();
+        ctx.accumulate(0, std::move(dx));
+      });
+    return y;
+  }
 }
 
 }  // namespace remat

@@ -2,6 +2,7 @@
 #include <type_traits>
 
 #include "remat/ops/detail/binary.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
 
 namespace remat {
@@ -17,32 +18,45 @@ inline const OpId sub = register_op("sub");
 
 /// z = a - b, numpy broadcasting.  da = sum_to(dz, a.shape), db = -sum_to(dz, b.shape).
 /// Saves: nothing.
-template <class T>
-BasicTensor<T> sub(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  return detail::binary_op(
+/// Dtype: mixed element types promote (bfloat16 < float32 < float64) through the differentiable cast;
+/// bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
+template <class A, class B>
+BasicTensor<detail::promote_t<A, B>> sub(const BasicTensor<A>& a, const BasicTensor<B>& b) {
+  if constexpr (detail::routed<A, B>()) return detail::route([](const auto& x, const auto& y) { return remat::sub(x, y); }, a, b);
+  else return detail::binary_op(
       op::sub, a, b, [](const auto& x, const auto& y) { return x - y; }, detail::partial_one,
       detail::partial_minus_one);
 }
 
 /// y = x - s.  dx = dy.  Saves: nothing.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> sub(const BasicTensor<T>& x, S s) {
-  const T c = static_cast<T>(s);
-  return detail::unary_saving_nothing(
-      op::sub_scalar, x, [c](const auto& a) { return a - c; }, [](const auto& dy) { return dy; });
+  if constexpr (detail::routed<T>()) return detail::route([s](const auto& a) { return remat::sub(a, s); }, x);
+  else {
+    const T c = static_cast<T>(s);
+    return detail::unary_saving_nothing(
+        op::sub_scalar, x, [c](const auto& a) { return a - c; }, [](const auto& dy) { return dy; });
+  }
 }
 
 /// y = s - x.  dx = -dy.  Saves: nothing.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> rsub(const BasicTensor<T>& x, S s) {
-  const T c = static_cast<T>(s);
-  return detail::unary_saving_nothing(
-      op::rsub_scalar, x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; });
+  if constexpr (detail::routed<T>()) return detail::route([s](const auto& a) { return remat::rsub(a, s); }, x);
+  else {
+    const T c = static_cast<T>(s);
+    return detail::unary_saving_nothing(
+        op::rsub_scalar, x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; });
+  }
 }
 
 /// a - b (sub).
-template <class T>
-BasicTensor<T> operator-(const BasicTensor<T>& a, const BasicTensor<T>& b) { return sub(a, b); }
+template <class A, class B>
+BasicTensor<detail::promote_t<A, B>> operator-(const BasicTensor<A>& a, const BasicTensor<B>& b) {
+  return sub(a, b);
+}
 /// x - s (sub).
 template <class T, class S, class = std::enable_if_t<std::is_arithmetic_v<S>>>
 BasicTensor<T> operator-(const BasicTensor<T>& x, S s) { return sub(x, s); }

@@ -1,5 +1,6 @@
 #pragma once
 #include "remat/core/produce.hpp"
+#include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
 namespace remat {
@@ -12,35 +13,43 @@ inline const OpId sum_dim = register_op("sum_dim");
 
 
 /// y = Σ x over all elements, a scalar (rank 0).  dx = dy everywhere.  Saves: nothing.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> sum(const BasicTensor<T>& x) {
-  BasicTensor<T> y = detail::produce<T>(op::sum, Shape{}, static_cast<double>(x.numel()), {x}, [=] {
-    BasicTensor<T> total(Shape{});
-    total.data()[0] = detail::flat(x).sum();
-    return total;
-  });
-  if (detail::grad_needed(x))
-    detail::record<T>(op::sum, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
-      BasicTensor<T> dx(shape);
-      detail::flat(dx).setConstant(ctx.grad_output().data()[0]);
-      ctx.accumulate(0, std::move(dx));
+  if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::sum(a); }, x);
+  else {
+    BasicTensor<T> y = detail::produce<T>(op::sum, Shape{}, static_cast<double>(x.numel()), {x}, [=] {
+      BasicTensor<T> total(Shape{});
+      total.data()[0] = detail::flat(x).sum();
+      return total;
     });
-  return y;
+    if (detail::grad_needed(x))
+      detail::record<T>(op::sum, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+        BasicTensor<T> dx(shape);
+        detail::flat(dx).setConstant(ctx.grad_output().data()[0]);
+        ctx.accumulate(0, std::move(dx));
+      });
+    return y;
+  }
 }
 
 /// y = Σ_k x[..., k, ...] over `dim` (negative counts from the end).  dx = dy repeated along dim.
 /// Saves: nothing.
+/// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false) {
-  const int d = x.shape().dim(dim, "sum");
-  BasicTensor<T> y = detail::produce<T>(op::sum_dim, detail::reduced_shape(x.shape(), d, keepdim),
-                                        static_cast<double>(x.numel()),
-                                        {x}, [=] { return detail::sum_over_dim(x, d, keepdim, T(1)); });
-  if (detail::grad_needed(x))
-    detail::record<T>(op::sum_dim, {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
-      ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));
-    });
-  return y;
+  if constexpr (detail::routed<T>()) return detail::route([=](const auto& a) { return remat::sum(a, dim, keepdim); }, x);
+  else {
+    const int d = x.shape().dim(dim, "sum");
+    BasicTensor<T> y = detail::produce<T>(op::sum_dim, detail::reduced_shape(x.shape(), d, keepdim),
+                                          static_cast<double>(x.numel()),
+                                          {x}, [=] { return detail::sum_over_dim(x, d, keepdim, T(1)); });
+    if (detail::grad_needed(x))
+      detail::record<T>(op::sum_dim, {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
+        ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));
+      });
+    return y;
+  }
 }
 
 }  // namespace remat
