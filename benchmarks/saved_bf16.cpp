@@ -5,7 +5,8 @@
 //   bench_saved_bf16 [--layers 8] [--width 256] [--heads 4] [--context 128] [--batch 8] [--vocab 256]
 //                    [--dropout 0.1] [--policies none,blocks,sqrt]
 //
-// Compute: fp32, or bf16 (remat::autocast around the forward). Saved: as computed, or bf16
+// Compute: fp32, or bf16 (remat::autocast around the forward; with its parameter-cast cache, or
+// without: autocast(true, false)). Saved: as computed, or bf16
 // (SaveInBFloat16 around the forward: every float32 activation a node saves kept in bfloat16).
 // Columns: the bytes the graph holds for backward when the forward ends (memory_stats()'s live
 // bytes above the step's start: the books, packed copies included), and the gradient error
@@ -26,7 +27,9 @@ struct Step {
   std::vector<std::vector<float>> grads;   // per parameter
 };
 
-Step run(nn::GPTConfig cfg, const std::string& policy, bool autocast_on, bool save_bf16, const LongTensor& idx,
+enum class Compute { fp32, bf16, bf16_uncached };
+
+Step run(nn::GPTConfig cfg, const std::string& policy, Compute compute, bool save_bf16, const LongTensor& idx,
          const LongTensor& targets) {
   Generator init(1);
   nn::GPT gpt(cfg, init);
@@ -37,7 +40,7 @@ Step run(nn::GPTConfig cfg, const std::string& policy, bool autocast_on, bool sa
   Tensor loss;
   {
     std::optional<autocast> precision;
-    if (autocast_on) precision.emplace();
+    if (compute != Compute::fp32) precision.emplace(true, compute == Compute::bf16);
     std::optional<SaveInBFloat16> format;
     if (save_bf16) format.emplace();
     loss = gpt.loss(idx, targets);
@@ -76,18 +79,19 @@ int main(int argc, char** argv) {
   const std::int64_t B = std::stoll(a["batch"]), T = cfg.block_size;
   Generator data(3);
   const LongTensor idx = randint(0, cfg.vocab_size, {B, T}, data), targets = randint(0, cfg.vocab_size, {B, T}, data);
-  const Step ref = run(cfg, "none", false, false, idx, targets);
+  const Step ref = run(cfg, "none", Compute::fp32, false, idx, targets);
   fmt::print("GPT L {} d {} T {} B {}, dropout {}; error against the float32 step without checkpointing\n\n",
              cfg.n_layer, cfg.n_embd, T, B, cfg.dropout);
   fmt::print("| policy | compute | saved | held for backward (MB) | gradient error | worst parameter |\n");
   fmt::print("|---|---|---|---|---|---|\n");
   std::stringstream policies(a["policies"]);
   for (std::string policy; std::getline(policies, policy, ',');)
-    for (bool bf16 : {false, true})
+    for (Compute compute : {Compute::fp32, Compute::bf16, Compute::bf16_uncached})
       for (bool save : {false, true}) {
-        const Step s = run(cfg, policy, bf16, save, idx, targets);
+        const Step s = run(cfg, policy, compute, save, idx, targets);
         const auto [all, worst] = error(s, ref);
-        fmt::print("| {} | {} | {} | {:.2f} | {:.2e} | {:.2e} |\n", policy, bf16 ? "bf16" : "fp32",
+        const char* name = compute == Compute::fp32 ? "fp32" : compute == Compute::bf16 ? "bf16" : "bf16, no cast cache";
+        fmt::print("| {} | {} | {} | {:.2f} | {:.2e} | {:.2e} |\n", policy, name,
                    save ? "bf16" : "as computed", static_cast<double>(s.held) / 1e6, all, worst);
       }
 }

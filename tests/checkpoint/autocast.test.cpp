@@ -126,3 +126,41 @@ TEST_CASE("autocast: a parameter written in place inside a long scope is cast ag
   };
   CHECK_SAME_RUNS([&] { return train(false); }, [&] { return train(true); }, 7);
 }
+
+TEST_CASE("autocast: with the cast cache off, nothing is kept between a segment's forward and its replay",
+          "[checkpoint][autocast]") {
+  auto held = [](bool cache) {
+    test::GptStep step("blocks");
+    const std::size_t before = memory_stats().live_bytes;
+    Tensor loss;
+    std::size_t casts = 0;
+    {
+      autocast on(true, cache);
+      loss = step.loss();
+      casts = autocast_cache_stats().casts;
+    }
+    const std::size_t kept = memory_stats().live_bytes - before;
+    loss.backward();
+    return std::make_pair(kept, casts);
+  };
+  const auto [cached, cached_casts] = held(true);
+  const auto [uncached, uncached_casts] = held(false);
+  CHECK(cached_casts > 0);
+  CHECK(uncached_casts == 0);  // no cache to count in
+  // The cache keeps one bfloat16 copy of each parameter a product read, until the replays ran.
+  CHECK(uncached < cached);
+  // And the gradients are the same bits either way: a cast is a cast.
+  auto grads = [](bool cache) {
+    return [cache] {
+      test::GptStep step("blocks");
+      Tensor loss;
+      {
+        autocast on(true, cache);
+        loss = step.loss();
+      }
+      loss.backward();
+      return testing::RunRecord().grads(step.gpt);
+    };
+  };
+  CHECK_SAME_RUNS(grads(true), grads(false), 3);
+}

@@ -26,6 +26,10 @@
 // copies are ordinary tensors, in the memory books like any other (half the float32 parameters'
 // bytes at most). A parameter written in place (an optimizer step inside a long-lived guard) is
 // narrowed again at its next use: an entry is reused only while its storage's version is unchanged.
+// The price is memory: under checkpointing, where a segment's forward keeps nothing, the copies are
+// held from the forward to the segment's replay, which can be more than the activations a fine
+// policy keeps. autocast(true, /*cache_enabled=*/false) trades them for a cast at every use (what
+// PyTorch does in a recompute, since its cache ends with the autocast region).
 
 #include <cstdint>
 #include <memory>
@@ -120,9 +124,10 @@ class InstallAutocast {
   Install<&Session::autocast_cache> cache_;
 };
 
-/// The cache an autocast guard runs under: the enclosing scope's, or a new one for the outermost
-/// guard that enables autocast.
-inline std::shared_ptr<AutocastCache> scope_cache(bool enabled) {
+/// The cache an autocast guard runs under: none when the guard turns caching off, else the
+/// enclosing scope's, or a new one for the outermost guard that enables autocast.
+inline std::shared_ptr<AutocastCache> scope_cache(bool enabled, bool cache_enabled) {
+  if (!cache_enabled) return nullptr;
   if (session().autocast_cache || !enabled) return session().autocast_cache;
   return std::make_shared<AutocastCache>();
 }
@@ -134,7 +139,11 @@ inline std::shared_ptr<AutocastCache> scope_cache(bool enabled) {
 class autocast {
  public:
   /// Sets this thread's autocast state to `enabled` until the guard goes (then puts it back).
-  explicit autocast(bool enabled = true) : state_({enabled, detail::scope_cache(enabled)}) {}
+  /// `cache_enabled` (PyTorch's argument of the same name): parameters narrowed once and the
+  /// copies kept for the step's replays; false narrows them at every use, replays included, and
+  /// keeps nothing beyond what nodes save — less memory under checkpointing, for more casts.
+  explicit autocast(bool enabled = true, bool cache_enabled = true)
+      : state_({enabled, detail::scope_cache(enabled, cache_enabled)}) {}
 
  private:
   detail::InstallAutocast state_;
