@@ -159,6 +159,21 @@ Trajectory distributed(const std::string& policy, bool sharded, int steps, dist:
   return out;
 }
 
+namespace {
+/// Every step's gradients and the final weights of `got` bitwise those of `expected`.
+void check_same_trajectory(const Trajectory& got, const Trajectory& expected, int steps) {
+  for (int step = 0; step < steps; ++step)
+    for (std::size_t i = 0; i < expected.grads[0].size(); ++i) {
+      INFO("step " << step << ", parameter " << i);
+      CHECK(bitwise_equal(got.grads[static_cast<std::size_t>(step)][i], expected.grads[static_cast<std::size_t>(step)][i]));
+    }
+  for (std::size_t i = 0; i < expected.weights.size(); ++i) {
+    INFO("weights after " << steps << " steps, parameter " << i);
+    CHECK(bitwise_equal(got.weights[i], expected.weights[i]));
+  }
+}
+}  // namespace
+
 TEST_CASE("dist: DataParallel (and ZeRO-1) give the gradients and weights of one process accumulating the "
           "ranks' micro-batches, bitwise, under every checkpointing policy", "[dist]") {
   const int steps = 3;
@@ -171,16 +186,7 @@ TEST_CASE("dist: DataParallel (and ZeRO-1) give the gradients and weights of one
   for (const std::string policy : {"none", "blocks", "binomial:3", "selective", "uniform:2", "sqrt", "budget:1"})
     for (const bool sharded : {false, true}) {
       INFO("policy " << policy << (sharded ? ", sharded optimizer state" : ", whole optimizer state"));
-      const Trajectory got = distributed(policy, sharded, steps, small_buckets);
-      for (int step = 0; step < steps; ++step)
-        for (std::size_t i = 0; i < expected.grads[0].size(); ++i) {
-          INFO("step " << step << ", parameter " << i);
-          CHECK(bitwise_equal(got.grads[static_cast<std::size_t>(step)][i], expected.grads[static_cast<std::size_t>(step)][i]));
-        }
-      for (std::size_t i = 0; i < expected.weights.size(); ++i) {
-        INFO("weights after " << steps << " steps, parameter " << i);
-        CHECK(bitwise_equal(got.weights[i], expected.weights[i]));
-      }
+      check_same_trajectory(distributed(policy, sharded, steps, small_buckets), expected, steps);
     }
 }
 
@@ -199,17 +205,8 @@ TEST_CASE("dist: under autocast, DataParallel (and ZeRO-1) give the gradients an
   for (const std::string policy : {"none", "blocks", "binomial:3", "selective", "budget:1"})
     for (const bool sharded : {false, true}) {
       INFO("policy " << policy << (sharded ? ", sharded optimizer state" : ", whole optimizer state"));
-      const Trajectory got = distributed(policy, sharded, steps, small_buckets, true);
-      for (int step = 0; step < steps; ++step)
-        for (std::size_t i = 0; i < expected.grads[0].size(); ++i) {
-          INFO("step " << step << ", parameter " << i);
-          // float32 gradients (Tensor), reduced in float32: the one-process sums' bits
-          CHECK(bitwise_equal(got.grads[static_cast<std::size_t>(step)][i], expected.grads[static_cast<std::size_t>(step)][i]));
-        }
-      for (std::size_t i = 0; i < expected.weights.size(); ++i) {
-        INFO("weights after " << steps << " steps, parameter " << i);
-        CHECK(bitwise_equal(got.weights[i], expected.weights[i]));
-      }
+      // float32 gradients (Tensor), reduced in float32: the one-process sums' bits
+      check_same_trajectory(distributed(policy, sharded, steps, small_buckets, true), expected, steps);
     }
 }
 
