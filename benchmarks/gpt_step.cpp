@@ -5,6 +5,9 @@
 //            --early-stop 1|0 (replays stop at the last output backward reads, or replay every op)
 //            --attention fused|explicit (one fused op, or matmul, mask, softmax, dropout, matmul as
 //            the PyTorch peer computes it)
+//            --precision fp32|bf16 (bf16: each step's forward under remat::autocast, matmul and linear
+//            on bfloat16 operands with float32 sums; backward outside it, as the PyTorch peer's
+//            torch.autocast("cpu", dtype=torch.bfloat16); weights, gradients, SGD float32)
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -20,7 +23,7 @@ int main(int argc, char** argv) try {
                                       {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                        {"batch", "8"}, {"vocab", "256"}, {"mode", "none"}, {"steps", "5"},
                                        {"warmup", "1"}, {"dropout", "0.1"}, {"early-stop", "1"},
-                                       {"attention", "fused"}},
+                                       {"attention", "fused"}, {"precision", "fp32"}},
                                       "gpt_step");
   const nn::GPTConfig cfg = bench::gpt_config(a, std::stod(a["dropout"]));
   const std::int64_t B = std::stoll(a["batch"]);
@@ -29,6 +32,9 @@ int main(int argc, char** argv) try {
   REMAT_CHECK(a["attention"] == "fused" || a["attention"] == "explicit",
               "gpt_step: --attention is fused or explicit, got {}", a["attention"]);
   for (auto& block : model.h) block->attn.fused = a["attention"] == "fused";
+  REMAT_CHECK(a["precision"] == "fp32" || a["precision"] == "bf16", "gpt_step: --precision is fp32 or bf16, got {}",
+              a["precision"]);
+  const bool bf16 = a["precision"] == "bf16";
   const std::string mode = a["mode"];
   apply_checkpointing(model, policy::parse(mode));
   const CheckpointEarlyStop early_stop(a["early-stop"] != "0");
@@ -43,7 +49,11 @@ int main(int argc, char** argv) try {
     const std::size_t base = memory_stats().saved_bytes;
     MemoryScope scope;
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor loss = model.loss(idx, targets);
+    Tensor loss;
+    {
+      const autocast precision(bf16);  // forward only; backward outside, as in PyTorch
+      loss = model.loss(idx, targets);
+    }
     loss.backward();
     sgd.step();
     sgd.zero_grad();
@@ -53,8 +63,9 @@ int main(int argc, char** argv) try {
   }
   const auto skipped = early_stop_stats();
   const double per_step = 1.0 / (warmup + steps);
-  fmt::print("{{\"impl\": \"remat\", \"attention\": \"{}\", \"mode\": \"{}\", \"ms\": [{:.3f}], \"saved_peak\": {}, \"threads\": {}, "
-             "\"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}}}\n", a["attention"], mode, fmt::join(ms, ", "), peak_saved,
+  fmt::print("{{\"impl\": \"remat\", \"attention\": \"{}\", \"precision\": \"{}\", \"mode\": \"{}\", \"ms\": [{:.3f}], "
+             "\"saved_peak\": {}, \"threads\": {}, \"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}}}\n", a["attention"],
+             a["precision"], mode, fmt::join(ms, ", "), peak_saved,
              get_num_threads(), static_cast<double>(skipped.ops - skipped_before.ops) * per_step,
              (skipped.flops - skipped_before.flops) * per_step / 1e9);
   return 0;

@@ -2,6 +2,9 @@
 """The PyTorch peer of bench_gpt_step: the same GPT (tests/parity/torch_gpt.py, shared with the parity
 test: pre-LN blocks, explicit softmax attention, dropout where remat has it), the same step (forward,
 backward, SGD) and the same modes, timed per step, with the peak of bytes saved for backward counted exactly through saved-tensor hooks (each storage once while any graph holds it).
+--precision bf16 runs each step's forward under torch.autocast("cpu", dtype=torch.bfloat16) and its
+backward outside it (PyTorch's documented pattern; autocast's default weight-cast cache on), the
+peer of bench_gpt_step --precision bf16; the weights, gradients and SGD stay float32.
 Prints one JSON line. Run by run.py with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for it alone."""
 import argparse
 import json
@@ -54,6 +57,7 @@ def main():
         p.add_argument(f"--{k}", type=int, default=v)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--mode", default="none", choices=["none", "blocks", "sqrt"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = p.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -66,8 +70,9 @@ def main():
         counter = SavedBytes()
         t0 = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-            loss = model(idx, targets)
-            loss.backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                loss = model(idx, targets)
+            loss.backward()  # outside autocast, as PyTorch documents
         sgd.step()
         sgd.zero_grad(set_to_none=True)
         t = (time.perf_counter() - t0) * 1e3
@@ -75,7 +80,7 @@ def main():
         if s >= a.warmup:
             ms.append(round(t, 3))
         peak = max(peak, counter.peak)
-    print(json.dumps({"impl": "torch", "mode": a.mode, "ms": ms, "saved_peak": peak, "threads": torch.get_num_threads(),
+    print(json.dumps({"impl": "torch", "precision": a.precision, "mode": a.mode, "ms": ms, "saved_peak": peak, "threads": torch.get_num_threads(),
                       "torch": torch.__version__}))
 
 

@@ -3,7 +3,10 @@
 alternating the two per round; then the chain sweep and its plot. Writes CSV and SVG to --out and
 prints the tables. PyTorch gets its best: 2 threads, and OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset
 in its command alone (they slow OpenBLAS on this machine); remat runs in the untouched environment.
-usage: run.py --bin BUILD/benchmarks --out DIR [--rounds 3] [--steps 3]"""
+Each GPT cell runs in both precisions, like for like: fp32, and bf16 (remat::autocast around
+remat's forward, torch.autocast("cpu", dtype=torch.bfloat16) around the peer's; backward outside
+both), the two precisions adjacent in every round and their order swapped from round to round.
+usage: run.py --bin BUILD/benchmarks --out DIR [--rounds 3] [--steps 3] [--configs small,deep] [--sweep 1]"""
 import argparse
 import csv
 import json
@@ -16,7 +19,9 @@ CONFIGS = {
     "small": dict(layers=8, width=256, heads=4, context=128, batch=8, vocab=256),
     "deep": dict(layers=32, width=128, heads=4, context=64, batch=4, vocab=256),
 }
-MODES = ["none", "blocks", "sqrt", "selective"]  # selective: remat only (no PyTorch 1.13 equivalent)
+MODES = ["none", "blocks", "sqrt", "selective", "binomial:2"]
+PEER_MODES = ["none", "blocks", "sqrt"]  # selective and binomial: remat only (no PyTorch 1.13 equivalent)
+PRECISIONS = ["fp32", "bf16"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
@@ -81,9 +86,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="GPT configurations, comma-separated")
+    ap.add_argument("--sweep", type=int, default=1, choices=[0, 1], help="0: the GPT tables only, no chain sweep")
     a = ap.parse_args()
+    unknown = [c for c in a.configs.split(",") if c not in CONFIGS]
+    if unknown:
+        sys.exit(f"run.py: unknown --configs {','.join(unknown)} (there are {', '.join(CONFIGS)})")
     os.makedirs(a.out, exist_ok=True)
-    pyplot()  # the plot at the end needs matplotlib: fail now, before the runs, if it is missing
+    if a.sweep:
+        pyplot()  # the plot at the end needs matplotlib: fail now, before the runs, if it is missing
     peer_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
 
     g = run_json([os.path.join(a.bin, "bench_gemm")])
@@ -92,51 +103,84 @@ def main():
           f"{g['backend']} (the build's backend) {g['backend_gflops']:.1f} GFLOP/s; fractions below are of "
           f"the better, {gemm:.1f}\n")
 
+    configs = {name: CONFIGS[name] for name in a.configs.split(",")}
     rows = []
-    for name, cfg in CONFIGS.items():
+    for name, cfg in configs.items():
         samples = {}
-        for _ in range(a.rounds):
+        for rnd in range(a.rounds):
             for mode in MODES:
-                # remat with the explicit attention (as the peer computes it), then with its fused op.
-                for attention, impl in (("explicit", "remat"), ("fused", "remat-fused")):
-                    r = run_json([os.path.join(a.bin, "bench_gpt_step")] + flags(cfg, mode, a.steps) +
-                                 ["--attention", attention])
-                    samples.setdefault((impl, mode), []).append(r)
-                if mode != "selective":
-                    t = run_json([PYTHON, os.path.join(HERE, "gpt_step_torch.py")] + flags(cfg, mode, a.steps), peer_env)
-                    samples.setdefault(("torch", mode), []).append(t)
-        for (impl, mode), rs in samples.items():
+                # Both precisions side by side, fp32 first in even rounds and bf16 first in odd ones.
+                for precision in PRECISIONS if rnd % 2 == 0 else PRECISIONS[::-1]:
+                    # remat with the explicit attention (as the peer computes it), then with its fused op.
+                    for attention, impl in (("explicit", "remat"), ("fused", "remat-fused")):
+                        r = run_json([os.path.join(a.bin, "bench_gpt_step")] + flags(cfg, mode, a.steps) +
+                                     ["--attention", attention, "--precision", precision])
+                        samples.setdefault((impl, precision, mode), []).append(r)
+                    if mode in PEER_MODES:
+                        t = run_json([PYTHON, os.path.join(HERE, "gpt_step_torch.py")] + flags(cfg, mode, a.steps) +
+                                     ["--precision", precision], peer_env)
+                        samples.setdefault(("torch", precision, mode), []).append(t)
+        for (impl, precision, mode), rs in samples.items():
             ms = [x for r in rs for x in r["ms"]]
             med = statistics.median(ms)
             gflops = 3 * forward_flops(cfg) / (med / 1e3) / 1e9
-            rows.append(dict(config=name, impl=impl, mode=mode, ms_median=round(med, 1), ms_min=round(min(ms), 1),
-                             ms_max=round(max(ms), 1), samples=len(ms), saved_peak=max(r["saved_peak"] for r in rs),
-                             model_gflops=round(gflops, 1), gemm_fraction=round(gflops / gemm, 3)))
+            rows.append(dict(config=name, impl=impl, precision=precision, mode=mode, ms_median=round(med, 1),
+                             ms_min=round(min(ms), 1), ms_max=round(max(ms), 1), samples=len(ms),
+                             saved_peak=max(r["saved_peak"] for r in rs), model_gflops=round(gflops, 1),
+                             gemm_fraction=round(gflops / gemm, 3)))
     with open(os.path.join(a.out, "gpt_step.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
 
-    def find(config, impl, mode):
-        return next((r for r in rows if (r["config"], r["impl"], r["mode"]) == (config, impl, mode)), None)
+    def find(config, impl, precision, mode):
+        return next((r for r in rows if (r["config"], r["impl"], r["precision"], r["mode"]) == (config, impl, precision, mode)),
+                    None)
 
-    print("| config | mode | remat ms/step, explicit attention (median, min-max) | remat, fused attention | "
-          "PyTorch ms/step | remat/PyTorch explicit, fused | remat × none explicit, fused | remat saved peak MB "
-          "explicit, fused | PyTorch saved peak MB | remat GFLOP/s explicit, fused (fraction of best GEMM) |")
+    def cell(r):
+        return f"{r['ms_median']} ({r['ms_min']}-{r['ms_max']})" if r else "—"
+
+    def mb(r):
+        return f"{r['saved_peak'] / 1e6:.1f}" if r else "—"
+
+    print("ms/step (median, min-max). bf16 = forward under autocast (remat::autocast; the peer's torch.autocast "
+          "cpu bfloat16), backward outside; GFLOP/s are model FLOPs over the step, as a fraction of the best "
+          "float32 GEMM.\n")
+    print("| config | mode | precision | remat, explicit attention | remat, fused attention | PyTorch | "
+          "remat/PyTorch explicit, fused | remat × none explicit, fused | bf16 speed-up remat explicit, fused, PyTorch | "
+          "remat GFLOP/s explicit, fused (fraction of best GEMM) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name in CONFIGS:
-        base, base_f = find(name, "remat", "none"), find(name, "remat-fused", "none")
+    for name in configs:
         for mode in MODES:
-            r, f, t = find(name, "remat", mode), find(name, "remat-fused", mode), find(name, "torch", mode)
-            tt = f"{t['ms_median']} ({t['ms_min']}-{t['ms_max']})" if t else "—"
-            ratio = f"{r['ms_median'] / t['ms_median']:.2f}, {f['ms_median'] / t['ms_median']:.2f}" if t else "—"
-            tmb = f"{t['saved_peak'] / 1e6:.1f}" if t else "—"
-            print(f"| {name} | {mode} | {r['ms_median']} ({r['ms_min']}-{r['ms_max']}) | "
-                  f"{f['ms_median']} ({f['ms_min']}-{f['ms_max']}) | {tt} | {ratio} | "
-                  f"{r['ms_median'] / base['ms_median']:.2f}, {f['ms_median'] / base_f['ms_median']:.2f} | "
-                  f"{r['saved_peak'] / 1e6:.1f}, {f['saved_peak'] / 1e6:.1f} | {tmb} | "
-                  f"{r['model_gflops']} ({r['gemm_fraction']:.0%}), {f['model_gflops']} ({f['gemm_fraction']:.0%}) |")
+            for precision in PRECISIONS:
+                r, f, t = (find(name, impl, precision, mode) for impl in ("remat", "remat-fused", "torch"))
+                base, base_f = find(name, "remat", precision, "none"), find(name, "remat-fused", precision, "none")
+                ratio = f"{r['ms_median'] / t['ms_median']:.2f}, {f['ms_median'] / t['ms_median']:.2f}" if t else "—"
+                if precision == "fp32":
+                    speedup = "—"
+                else:  # fp32 time over bf16 time, per implementation
+                    olds = [find(name, impl, "fp32", mode) for impl in ("remat", "remat-fused", "torch")]
+                    speedup = ", ".join(f"{o['ms_median'] / n['ms_median']:.2f}" if o and n else "—"
+                                        for o, n in zip(olds, (r, f, t)))
+                print(f"| {name} | {mode} | {precision} | {cell(r)} | {cell(f)} | {cell(t)} | {ratio} | "
+                      f"{r['ms_median'] / base['ms_median']:.2f}, {f['ms_median'] / base_f['ms_median']:.2f} | {speedup} | "
+                      f"{r['model_gflops']} ({r['gemm_fraction']:.0%}), {f['model_gflops']} ({f['gemm_fraction']:.0%}) |")
 
+    print("\npeak bytes saved for backward, MB (remat: its allocator's books; PyTorch: saved-tensor hooks, each storage "
+          "once)\n")
+    print("| config | mode | remat explicit fp32 | remat explicit bf16 | remat fused fp32 | remat fused bf16 | "
+          "PyTorch fp32 | PyTorch bf16 | bf16/fp32 remat explicit, fused, PyTorch |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in configs:
+        for mode in MODES:
+            cells = [find(name, impl, precision, mode) for impl in ("remat", "remat-fused", "torch") for precision in PRECISIONS]
+            fractions = ", ".join(f"{n['saved_peak'] / o['saved_peak']:.2f}" if o and n else "—"
+                                  for o, n in zip(cells[0::2], cells[1::2]))
+            print(f"| {name} | {mode} | " + " | ".join(mb(c) for c in cells) + f" | {fractions} |")
+
+    if not a.sweep:
+        print(f"\nwrote {a.out}/gpt_step.csv (no chain sweep: --sweep 0)")
+        return
     sweep = subprocess.run([os.path.join(a.bin, "bench_chain_sweep")], capture_output=True, text=True, check=True)
     srows = [json.loads(line) for line in sweep.stdout.splitlines() if line.strip()]
     with open(os.path.join(a.out, "chain_sweep.csv"), "w", newline="") as f:

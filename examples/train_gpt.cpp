@@ -5,7 +5,7 @@
 //   train_gpt [--data PATH] [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 16]
 //             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
-//             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB]
+//             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB] [--precision fp32|bf16]
 //             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
 //
 // --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
@@ -30,6 +30,13 @@
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
 // forward, and each block's forward is replayed in backward. The others run the blocks as a chain
 // under that schedule (see remat/schedule/schedule.hpp) and print its plan first.
+//
+// --precision bf16 runs the forward of every step (and the held-out evaluation, the memory
+// comparison and the sample) under remat::autocast: the matrix products on bfloat16 operands with
+// float32 sums (remat/core/autocast.hpp lists the ops), PyTorch's torch.autocast("cpu",
+// dtype=torch.bfloat16). Backward runs outside the guard, as in PyTorch; the weights, their
+// gradients and the AdamW state stay float32. fp32 (the default) runs everything in float32. The
+// training state records it: --resume continues a run only with the precision it was saved under.
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.
@@ -68,6 +75,7 @@ struct Options {
   std::string data = REMAT_EXAMPLE_DATA;
   std::string out = "gpt.safetensors";
   std::string policy = "none";
+  std::string precision = "fp32";  ///< fp32, or bf16: every forward under remat::autocast
   std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 850, seed = 1;
   std::int64_t log_every = 50, sample = 500, top_k = 10;
   double lr = 3e-3, dropout = 0.0, temperature = 0.8;
@@ -76,6 +84,9 @@ struct Options {
   std::int64_t save_every = 0, die_after = 0;
   std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks
   std::string state, resume, losses, trace;
+
+  /// Whether forwards run under remat::autocast (--precision bf16).
+  bool bf16() const { return precision == "bf16"; }
 };
 
 /// `path` without a .safetensors ending: the stem of the files written beside the weights.
@@ -119,6 +130,7 @@ Options parse(int argc, char** argv) {
   take_string("data", o.data);
   take_string("out", o.out);
   take_string("policy", o.policy);
+  take_string("precision", o.precision);
   take_int("layers", o.layers);
   take_int("width", o.width);
   take_int("heads", o.heads);
@@ -145,6 +157,8 @@ Options parse(int argc, char** argv) {
   REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
   o.check = check == 1;
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
+  REMAT_CHECK(o.precision == "fp32" || o.precision == "bf16", "train_gpt: --precision is fp32 or bf16, got {}",
+              o.precision);
   if (o.state.empty()) o.state = without_safetensors(o.out) + ".state.safetensors";
 
   REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
@@ -232,9 +246,12 @@ std::string human_bytes(std::size_t b) {
 }
 
 
-/// Mean loss over `batches` fixed batches of the held-out tenth, without recording.
-double held_out_loss(nn::GPT& model, const Corpus& c, std::size_t split, std::int64_t B, std::int64_t T, int batches) {
+/// Mean loss over `batches` fixed batches of the held-out tenth, without recording, in the run's
+/// precision (under autocast with --precision bf16).
+double held_out_loss(nn::GPT& model, const Corpus& c, std::size_t split, std::int64_t B, std::int64_t T, int batches,
+                     bool bf16) {
   no_grad guard;
+  const autocast precision(bf16);
   model.eval();
   Generator eval_gen(99);  // the same batches every time, so the curve compares like with like
   double total = 0;
@@ -375,13 +392,17 @@ struct MemoryComparison {
   SavedBytes plain, each_block;  ///< without checkpointing, and with every block checkpointed
 };
 
-MemoryComparison compare_memory(nn::GPT& model, const LongTensor& x, const LongTensor& y) {
+MemoryComparison compare_memory(nn::GPT& model, const LongTensor& x, const LongTensor& y, bool bf16) {
   MemoryComparison m;
   for (const bool ck : {false, true}) {
     apply_checkpointing(model, ck ? Checkpointing::each_block() : Checkpointing::none());
     const std::size_t base = memory_stats().saved_bytes;
     MemoryScope scope;
-    Tensor loss = model.loss(x, y);
+    Tensor loss;
+    {
+      const autocast precision(bf16);  // the run's precision: forward under it, backward outside
+      loss = model.loss(x, y);
+    }
     const std::size_t at_end = memory_stats().saved_bytes - base;
     loss.backward();
     (ck ? m.each_block : m.plain) = {at_end, scope.peak_saved_bytes() - base};
@@ -398,11 +419,13 @@ MemoryComparison compare_memory(nn::GPT& model, const LongTensor& x, const LongT
 MemoryComparison set_up_checkpointing(nn::GPT& model, const Checkpointing& checkpointing, const Options& opt,
                                       const Corpus& corpus, std::size_t split, Generator& gen) {
   auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, gen);
-  const MemoryComparison m = compare_memory(model, x, y);
+  const MemoryComparison m = compare_memory(model, x, y, opt.bf16());
   if (checkpointing.schedule) {
-    // A schedule weighs the blocks' costs: measure each block once, and show the plan before running it.
+    // A schedule weighs the blocks' costs: measure each block once, in the run's precision (what
+    // a block saves under autocast is other bytes), and show the plan before running it.
     const LongTensor pos = arange<std::int64_t>(0, opt.context);
     const Tensor h0 = (model.wte(x) + model.wpe(pos)).detach();
+    const autocast precision(opt.bf16());
     *checkpointing.costs = measure_steps(model.blocks(), h0);
     fmt::print("{}", plan(*checkpointing.schedule, opt.layers, *checkpointing.costs).str());
   }
@@ -478,8 +501,8 @@ void print_run_header(const Options& opt, const Ranks& ranks, const Corpus& corp
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",
              corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
   fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads, "
-             "policy {}\n", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(), opt.batch,
-             opt.steps, opt.lr, get_num_threads(), opt.policy);
+             "policy {}, precision {}\n", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(),
+             opt.batch, opt.steps, opt.lr, get_num_threads(), opt.policy, opt.precision);
 }
 
 /// Everything the loop carries from one step to the next, besides model and optimizer: what
@@ -507,7 +530,7 @@ void save_state(const Options& opt, const Ranks& ranks, std::int64_t next_step, 
   st.data_position = next_step;
   st.generators["data"] = gen.state();
   st.scalars = {{"window_loss", h.window_loss}, {"window_steps", static_cast<double>(h.window_steps)},
-                {"first_loss", h.first_loss}, {"last_avg", h.last_avg}};
+                {"first_loss", h.first_loss}, {"last_avg", h.last_avg}, {"precision.bf16", opt.bf16() ? 1.0 : 0.0}};
   for (std::size_t k = 0; k < h.curve.size(); ++k) {
     st.scalars[fmt::format("curve.{:06d}.step", k)] = static_cast<double>(h.curve[k].step);
     st.scalars[fmt::format("curve.{:06d}.train", k)] = h.curve[k].train;
@@ -524,6 +547,11 @@ void save_state(const Options& opt, const Ranks& ranks, std::int64_t next_step, 
 std::int64_t resume(const Options& opt, Generator& gen, History& h, nn::GPT& model, optim::Optimizer& optimizer) {
   const io::TrainingState st = io::load_training_state(opt.resume, model, optimizer);
   REMAT_CHECK(st.step <= opt.steps, "train_gpt: {} is at step {}, past --steps {}", opt.resume, st.step, opt.steps);
+  // A state saved before --precision existed has no entry: that run was float32.
+  const auto saved_bf16 = st.scalars.find("precision.bf16");
+  const std::string saved_precision = saved_bf16 != st.scalars.end() && saved_bf16->second != 0 ? "bf16" : "fp32";
+  REMAT_CHECK(saved_precision == opt.precision, "train_gpt: {} was saved by a run with --precision {}; resume it with "
+              "--precision {} (this run has --precision {})", opt.resume, saved_precision, saved_precision, opt.precision);
   gen.set_state(st.generators.at("data"));
   h.window_loss = st.scalars.at("window_loss");
   h.window_steps = static_cast<std::int64_t>(st.scalars.at("window_steps"));
@@ -555,9 +583,16 @@ struct StepResult {
   std::size_t saved_at_forward_end;   ///< the bytes checkpointing is about: kept from forward for backward
 };
 
-StepResult train_step(nn::GPT& model, DataParallelism& parallel, double lr, const LongTensor& x, const LongTensor& y) {
+/// One optimizer step. With bf16, forward runs under autocast and backward outside it (PyTorch's
+/// pattern); the master weights, gradients and optimizer state are float32 either way.
+StepResult train_step(nn::GPT& model, DataParallelism& parallel, double lr, bool bf16, const LongTensor& x,
+                      const LongTensor& y) {
   parallel.optimizer().set_lr(lr);
-  Tensor loss = model.loss(x, y);
+  Tensor loss;
+  {
+    const autocast precision(bf16);
+    loss = model.loss(x, y);
+  }
   const std::size_t saved_at_forward_end = memory_stats().saved_bytes;
   loss.backward();
   parallel.clip_gradients();
@@ -636,6 +671,7 @@ SampleScore sample_and_score(nn::GPT& model, const Corpus& corpus, const Options
   if (opt.sample <= 0) return score;
   const LongTensor start = tensor<std::int64_t>({static_cast<std::int64_t>(corpus.chars.find('\n'))}, {1, 1});
   Generator sample_gen(static_cast<std::uint64_t>(opt.seed) + 1000);
+  const autocast precision(opt.bf16());  // the sample in the run's precision
   const LongTensor out = model.generate(start, opt.sample, opt.temperature, opt.top_k, sample_gen);
   std::string text;
   for (std::int64_t id : out.to_vector()) text += corpus.chars[static_cast<std::size_t>(id)];
@@ -657,6 +693,9 @@ void print_summary(const Options& opt, const Ranks& ranks, const Corpus& corpus,
   const double tok_s = static_cast<double>(opt.steps * opt.batch * opt.context) / total_secs;
   fmt::print("\n| run summary | |\n|---|---|\n");
   fmt::print("| steps | {} (batch {} x context {}, policy {}) |\n", opt.steps, opt.batch, opt.context, opt.policy);
+  fmt::print("| precision | {} |\n", opt.bf16() ? "bf16 (forward under remat::autocast: matrix products on bfloat16 "
+                                                   "operands, float32 sums; weights, gradients, AdamW state float32)"
+                                                 : "fp32");
   fmt::print("| time | {:.1f} s, {:.0f} tokens/s, {} threads{} |\n", total_secs, tok_s, get_num_threads(),
              ranks.count > 1 ? fmt::format(" per rank, {} ranks", ranks.count) : "");
   fmt::print("| train loss | {:.3f} -> {:.3f} nats/char |\n", h.first_loss, h.last_avg);
@@ -709,7 +748,7 @@ int train(int argc, char** argv, World* world) {
     if (!opt.trace.empty() && step == first_step) trace.emplace(opt.trace);
     // The batch and the loss stay alive until the step is reported: the reported peak includes them.
     auto [x, y] = next_batch(corpus, split, opt, ranks, gen);
-    const StepResult result = train_step(model, parallel, schedule(step), x, y);
+    const StepResult result = train_step(model, parallel, schedule(step), opt.bf16(), x, y);
     if (trace) {
       trace->stop();
       fmt::print("timeline of step {} written to {} (peak saved for backward {})\n", step + 1, opt.trace,
@@ -719,7 +758,7 @@ int train(int argc, char** argv, World* world) {
     history.add(step, loss);
     // Only rank 0 prints and saves the curve; the other ranks skip the evaluation.
     progress.after_step(step, loss, result.saved_at_forward_end, history, [&] {
-      return ranks.rank == 0 ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2) : 0.0;
+      return ranks.rank == 0 ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2, opt.bf16()) : 0.0;
     });
     if (opt.save_every > 0 && (step + 1) % opt.save_every == 0)
       save_state(opt, ranks, step + 1, gen, history, model, parallel.optimizer());
@@ -733,7 +772,7 @@ int train(int argc, char** argv, World* world) {
   if (ranks.rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file
 
   const double total_secs = progress.seconds_since_start();
-  const double held_out = held_out_loss(model, corpus, split, opt.batch, opt.context, 8);
+  const double held_out = held_out_loss(model, corpus, split, opt.batch, opt.context, 8, opt.bf16());
   io::save(model, opt.out);
   const std::string curve_stem = without_safetensors(opt.out) + ".loss";
   write_curve(history.curve, corpus.unigram_entropy, curve_stem);
