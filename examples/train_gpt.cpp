@@ -6,6 +6,7 @@
 //             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB] [--precision fp32|bf16]
+//             [--compare-curve LABEL:PATH]
 //             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
 //
 // --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
@@ -37,6 +38,9 @@
 // dtype=torch.bfloat16). Backward runs outside the guard, as in PyTorch; the weights, their
 // gradients and the AdamW state stay float32. fp32 (the default) runs everything in float32. The
 // training state records it: --resume continues a run only with the precision it was saved under.
+//
+// --compare-curve LABEL:PATH draws another run's loss curve (its .loss.csv) dashed in this run's
+// SVG, labelled LABEL: README's picture is a bf16 run with the fp32 run beside it.
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.
@@ -76,6 +80,7 @@ struct Options {
   std::string out = "gpt.safetensors";
   std::string policy = "none";
   std::string precision = "fp32";  ///< fp32, or bf16: every forward under remat::autocast
+  std::string compare_curve;  ///< LABEL:PATH, another run's loss CSV drawn dashed beside this one's
   std::int64_t layers = 4, width = 128, heads = 4, context = 64, batch = 16, steps = 850, seed = 1;
   std::int64_t log_every = 50, sample = 500, top_k = 10;
   double lr = 3e-3, dropout = 0.0, temperature = 0.8;
@@ -131,6 +136,7 @@ Options parse(int argc, char** argv) {
   take_string("out", o.out);
   take_string("policy", o.policy);
   take_string("precision", o.precision);
+  take_string("compare-curve", o.compare_curve);
   take_int("layers", o.layers);
   take_int("width", o.width);
   take_int("heads", o.heads);
@@ -157,6 +163,8 @@ Options parse(int argc, char** argv) {
   REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
   o.check = check == 1;
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
+  REMAT_CHECK(o.compare_curve.empty() || o.compare_curve.find(':') != std::string::npos,
+              "train_gpt: --compare-curve takes LABEL:PATH (another run's .loss.csv), got '{}'", o.compare_curve);
   REMAT_CHECK(o.precision == "fp32" || o.precision == "bf16", "train_gpt: --precision is fp32 or bf16, got {}",
               o.precision);
   if (o.state.empty()) o.state = without_safetensors(o.out) + ".state.safetensors";
@@ -268,18 +276,50 @@ struct CurvePoint {
   double train, held_out;
 };
 
-/// The loss curve as CSV and as an SVG line plot (written by hand: no plotting dependency).
-void write_curve(const std::vector<CurvePoint>& points, double unigram, const std::string& stem) {
+/// A loss curve as write_curve writes it (step,train_loss,held_out_loss).
+std::vector<CurvePoint> read_curve(const std::string& path) {
+  std::ifstream in(path);
+  REMAT_CHECK(in.good(), "train_gpt: --compare-curve: cannot read {}", path);
+  std::string line;
+  std::getline(in, line);
+  REMAT_CHECK(line == "step,train_loss,held_out_loss", "train_gpt: --compare-curve: {} is not a loss curve CSV "
+              "(its header is '{}')", path, line);
+  std::vector<CurvePoint> points;
+  while (std::getline(in, line)) {
+    long long step = 0;
+    double train = 0, held_out = 0;
+    REMAT_CHECK(std::sscanf(line.c_str(), "%lld,%lf,%lf", &step, &train, &held_out) == 3,
+                "train_gpt: --compare-curve: {}: bad line '{}'", path, line);
+    points.push_back({static_cast<std::int64_t>(step), train, held_out});
+  }
+  return points;
+}
+
+/// The loss curve as CSV and as an SVG line plot (written by hand: no plotting dependency), this
+/// run's lines labelled `label`; `other` (LABEL:PATH, may be empty) adds another run's, dashed.
+void write_curve(const std::vector<CurvePoint>& points, double unigram, const std::string& stem,
+                 const std::string& label, const std::string& other) {
   {
     std::ofstream csv(stem + ".csv");
     csv << "step,train_loss,held_out_loss\n";
     for (const CurvePoint& p : points) csv << fmt::format("{},{:.5f},{:.5f}\n", p.step, p.train, p.held_out);
   }
   const double W = 640, H = 400, m = 56;
-  double top = unigram;
-  for (const CurvePoint& p : points) top = std::max({top, p.train, p.held_out});
+  struct Run {
+    std::vector<CurvePoint> points;
+    std::string label;
+    const char* dash;
+  };
+  std::vector<Run> runs{{points, label, ""}};
+  if (!other.empty())
+    runs.push_back({read_curve(other.substr(other.find(':') + 1)), other.substr(0, other.find(':')), " stroke-dasharray=\"6 3\""});
+  double top = unigram, last = 1;
+  for (const Run& r : runs)
+    for (const CurvePoint& p : r.points) {
+      top = std::max({top, p.train, p.held_out});
+      last = std::max(last, static_cast<double>(p.step));
+    }
   top = std::ceil(top);
-  const double last = static_cast<double>(points.empty() ? 1 : points.back().step);
   auto X = [&](double step) { return m + step / last * (W - 2 * m); };
   auto Y = [&](double loss) { return H - m - loss / top * (H - 2 * m); };
   std::string svg = fmt::format(
@@ -299,13 +339,17 @@ void write_curve(const std::vector<CurvePoint>& points, double unigram, const st
                      "<text x=\"{2}\" y=\"{3:.1f}\" text-anchor=\"end\" fill=\"#888\">unigram entropy {4:.2f}</text>\n",
                      m, Y(unigram), W - m, Y(unigram) - 6, unigram);
   const std::pair<const char*, const char*> series[] = {{"train", "#1f77b4"}, {"held-out", "#d62728"}};
-  for (int k = 0; k < 2; ++k) {
-    std::string pts;
-    for (const CurvePoint& p : points) pts += fmt::format("{:.1f},{:.1f} ", X(static_cast<double>(p.step)), Y(k ? p.held_out : p.train));
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", series[k].second, pts);
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - m - 70, m + 16 * k, series[k].second,
-                       series[k].first);
-  }
+  int legend = 0;
+  for (const Run& r : runs)
+    for (int k = 0; k < 2; ++k) {
+      std::string pts;
+      for (const CurvePoint& p : r.points)
+        pts += fmt::format("{:.1f},{:.1f} ", X(static_cast<double>(p.step)), Y(k ? p.held_out : p.train));
+      svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{} points=\"{}\"/>\n", series[k].second,
+                         r.dash, pts);
+      svg += fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\" text-anchor=\"end\">{}, {}{}</text>\n", W - m, m + 16 * legend++,
+                         series[k].second, series[k].first, r.label, *r.dash ? " (dashed)" : "");
+    }
   svg += "</svg>\n";
   std::ofstream(stem + ".svg") << svg;
 }
@@ -775,7 +819,7 @@ int train(int argc, char** argv, World* world) {
   const double held_out = held_out_loss(model, corpus, split, opt.batch, opt.context, 8, opt.bf16());
   io::save(model, opt.out);
   const std::string curve_stem = without_safetensors(opt.out) + ".loss";
-  write_curve(history.curve, corpus.unigram_entropy, curve_stem);
+  write_curve(history.curve, corpus.unigram_entropy, curve_stem, opt.precision, opt.compare_curve);
   const SampleScore sample = sample_and_score(model, corpus, opt);
   print_summary(opt, ranks, corpus, history, total_secs, held_out, sample, memory, curve_stem);
   return verdict(opt, corpus, held_out, sample);
