@@ -4,9 +4,6 @@
 // outside it (PyTorch's pattern), dropout on; each run is compared bitwise with the plain autocast
 // run, and the autocast runs are shown to differ from the float32 ones (so bfloat16 was in force).
 
-#include <dirent.h>
-#include <unistd.h>
-
 #include <optional>
 
 #include <remat/checkpoint/runtime_budget.hpp>
@@ -86,24 +83,6 @@ std::size_t product_recomputes(const BudgetLog& log) {
   return n;
 }
 
-/// A fresh directory under /tmp for two_tier's snapshot files, removed (if empty) at the end.
-struct SnapshotDir {
-  SnapshotDir() {
-    char name[] = "/tmp/remat-autocast-compose-XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~SnapshotDir() { ::rmdir(path.c_str()); }
-  bool empty() const {
-    std::size_t n = 0;
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (const dirent* e = ::readdir(d)) n += std::string(e->d_name) != "." && std::string(e->d_name) != "..";
-      ::closedir(d);
-    }
-    return n == 0;
-  }
-  std::string path;
-};
 
 }  // namespace
 
@@ -238,7 +217,7 @@ TEST_CASE("autocast: early stop in a chain's replays and in a GPT's checkpointed
 
 TEST_CASE("autocast: a GPT's chain under budget and two_tier schedules equals the plain autocast run bitwise",
           "[chain][two_tier][autocast]") {
-  SnapshotDir dir;
+  test::TempDir dir;
   test::GptStep step(nullptr);
   auto loss = [&] {
     autocast on;
@@ -251,13 +230,13 @@ TEST_CASE("autocast: a GPT's chain under budget and two_tier schedules equals th
     const testing::GradientComparison r = testing::compare_checkpointing(step.gpt, Checkpointing::chain(p), loss, 7);
     INFO(r.message);
     CHECK(r.equal);
-    CHECK(dir.empty());
+    CHECK(dir.files().empty());
   }
 }
 
 TEST_CASE("autocast: chains under budget, two_tier (disk) and online schedules replay in bfloat16, bitwise",
           "[chain][two_tier][online][autocast]") {
-  SnapshotDir dir;
+  test::TempDir dir;
   Generator init(47);
   nn::Linear lin(8, 8, true, init);
   const Tensor data = randn({3, 8}, init);
@@ -292,7 +271,7 @@ TEST_CASE("autocast: chains under budget, two_tier (disk) and online schedules r
     CHECK_SAME_RUNS(plain, [&] { return run(1, &p, 0, true, counts); }, 5);
     CHECK(counts->advances > 0);  // steps were run again in backward
     if (p.name.rfind("two_tier", 0) == 0) CHECK(counts->disk_writes > 0);
-    CHECK(dir.empty());
+    CHECK(dir.files().empty());
   }
   for (const std::int64_t s : {2, 3}) {
     INFO("online:" << s);

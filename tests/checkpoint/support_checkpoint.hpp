@@ -2,9 +2,39 @@
 // Helpers for comparing a model's gradients with and without checkpointing, bit for bit, and the
 // GPT step the listener tests run.
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "support.hpp"
 
 namespace remat::test {
+
+/// A fresh directory under /tmp (for snapshot files), removed (if empty) at the end of the test.
+struct TempDir {
+  TempDir() {
+    char name[] = "/tmp/remat-test-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() { ::rmdir(path.c_str()); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  /// The paths of the files in it.
+  std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (const dirent* e = ::readdir(d))
+        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(path + "/" + e->d_name);
+      ::closedir(d);
+    }
+    return out;
+  }
+  std::string path;
+};
 
 /// Every parameter's gradient, in named_parameters order, copied out.
 inline std::vector<std::vector<float>> gradients(nn::Module& m) {

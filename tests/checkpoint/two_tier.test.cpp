@@ -19,25 +19,7 @@ using namespace remat;
 
 namespace {
 
-/// A fresh directory under /tmp, removed (if empty) at the end of the test.
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/remat-two-tier-XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~TempDir() { ::rmdir(path.c_str()); }
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (const dirent* e = ::readdir(d))
-        if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(path + "/" + e->d_name);
-      ::closedir(d);
-    }
-    return out;
-  }
-  std::string path;
-};
+using test::TempDir;
 
 std::vector<ChainStep> mlp_steps(nn::Linear& lin, std::int64_t L) {
   const ChainStep step = [&lin](const Tensor& h) { return h + dropout(tanh(lin(h)), 0.1) * 0.5f; };
@@ -280,7 +262,7 @@ testing::RunRecord chain_gradients(nn::Linear& lin, const std::vector<ChainStep>
 
 TEST_CASE("two tiers: a relative directory still names the snapshots after a chdir between forward and backward",
           "[chain][two_tier]") {
-  TempDir dir;  // /tmp/remat-two-tier-XXXXXX
+  TempDir dir;  // /tmp/remat-test-XXXXXX
   Generator init(11);
   nn::Linear lin(5, 5, true, init);
   const Tensor data = randn({2, 5}, init);
