@@ -3,8 +3,9 @@
 //   memory_budget --model gpt|unet --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
 //                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2
 // Every setting runs its steps in each round, settings alternating within a round; medians are
-// taken over all rounds. Budgets are fractions of the no-checkpoint step's peak saved bytes, and
-// also each hand-placed policy's own measured peak (the equal-memory comparison). A budget below
+// taken over all rounds. Budgets are fractions of the no-checkpoint step's peak of activation bytes
+// saved for backward (parameters apart, as the budget counts), and also each hand-placed policy's
+// own measured peak (the equal-memory comparison). A budget below
 // the least feasible one prints that least instead of a time. "budget+plan" replays the static plan
 // of the budgeted step's first run.
 #include <algorithm>
@@ -111,7 +112,7 @@ int main(int argc, char** argv) try {
       const bool budgeted = s.policy == "budget" || s.policy == "budget+plan";
       apply_checkpointing(*gpt, budgeted || s.policy == "none" ? Checkpointing::none() : policy::parse(s.policy));
     }
-    const std::size_t base = memory_stats().saved_bytes;
+    const std::size_t base = memory_stats().saved_activation_bytes;
     MemoryScope scope;
     const auto t0 = std::chrono::steady_clock::now();
     {
@@ -133,7 +134,7 @@ int main(int argc, char** argv) try {
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (record) {
       s.ms.push_back(t);
-      s.peak = std::max(s.peak, scope.peak_saved_bytes() - base);
+      s.peak = std::max(s.peak, scope.peak_saved_activation_bytes() - base);
     }
   };
 

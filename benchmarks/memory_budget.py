@@ -14,8 +14,8 @@ import sys
 from run import CONFIGS, pyplot, save_svg
 
 UNET = dict(layers=6, width=512, context=128, batch=8, vocab=256, heads=4)
-MODELS = [("small", "gpt", CONFIGS["small"], "blocks,sqrt,budget:48"),
-          ("deep", "gpt", CONFIGS["deep"], "blocks,sqrt,budget:24"),
+MODELS = [("small", "gpt", CONFIGS["small"], "blocks,sqrt,selective,uniform:2,binomial:4,budget:48"),
+          ("deep", "gpt", CONFIGS["deep"], "blocks,sqrt,selective,uniform:2,binomial:4,budget:24"),
           ("unet", "unet", UNET, "")]
 
 
@@ -32,7 +32,7 @@ def run(binary, model, cfg, hand, rounds, steps):
 
 
 def plot(panels, path):
-    """One panel per model: median step time against saved-bytes peak (fraction of the
+    """One panel per model: median step time against the peak of activation bytes saved (fraction of the
     no-checkpoint peak); lines for the budget (searched and planned), dots for hand placement."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), layout="constrained")
@@ -45,11 +45,11 @@ def plot(panels, path):
         for p, f, t in hand:
             ax.annotate(p, (f, t), xytext=(3, -3), textcoords="offset points", va="top", color="tab:red")
         ax.plot([f for p, f, _ in ok if p == "none"], [t for p, _, t in ok if p == "none"], "ok", label="no checkpointing")
-        ax.set(title=name, xlim=(0, 1.05), ylim=(0, None), xlabel="peak saved / no-checkpoint peak",
+        ax.set(title=name, xlim=(0, 1.05), ylim=(0, None), xlabel="peak activations saved / no-checkpoint peak",
                ylabel="ms per step (median)")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle("remat MemoryBudget: step time vs peak saved bytes (fraction of no checkpointing)")
+    fig.suptitle("remat MemoryBudget: step time vs peak activation bytes saved (fraction of no checkpointing)")
     save_svg(fig, path)
 
 
@@ -78,7 +78,7 @@ def main():
         w.writeheader()
         w.writerows(rows_all)
     plot(panels, a.svg or os.path.join(a.out, "memory_budget.svg"))
-    print("| config | setting | budget MB | peak saved MB (× free) | median ms [range] | discards | recomputes | "
+    print("| config | setting | budget MB | peak activations saved MB (× free) | median ms [range] | discards | recomputes | "
           "decisions |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows_all:

@@ -113,7 +113,7 @@ TEST_CASE("generators: a MemoryBudget's recomputation of a dropout draws the mas
     if (guard) REQUIRE(guard->last_log().recomputes > 0);  // the budget did recompute
     return testing::RunRecord().grad("w", w).state("mine", mine.state());
   };
-  REQUIRE_SAME_RUNS([&] { return run(std::nullopt); }, [&] { return run(std::size_t{10 * 16 * 32 * sizeof(float)}); },
+  REQUIRE_SAME_RUNS([&] { return run(std::nullopt); }, [&] { return run(std::size_t{6 * 16 * 32 * sizeof(float)}); },
                     17);
 }
 

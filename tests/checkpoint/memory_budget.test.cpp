@@ -47,7 +47,8 @@ struct UNetLike : nn::Module {
 };
 
 struct StepResult {
-  std::size_t peak_saved = 0;
+  std::size_t peak_saved = 0;  // activation bytes saved for backward (parameters apart)
+  std::size_t peak_live = 0;   // every tensor byte
   std::vector<std::vector<float>> grads;
   BudgetLog log;
 };
@@ -69,7 +70,8 @@ StepResult step(Model& model, const std::function<Tensor()>& loss_fn, std::optio
     loss.backward();
     if (guard) r.log = guard->last_log();
   }
-  r.peak_saved = scope.peak_saved_bytes();
+  r.peak_saved = scope.peak_saved_activation_bytes();
+  r.peak_live = scope.peak_bytes();
   r.grads = test::gradients(model);
   return r;
 }
@@ -290,4 +292,201 @@ TEST_CASE("memory budget: a recomputation that differs from the first computatio
   for (int i = 0; i < 4; ++i) h = tanh(drifting_op(h));
   g_drift = 1;
   REQUIRE_ERROR(sum(h).backward(), "MemoryBudget: recomputing output 0 of 'test_drifting' gave different values");
+}
+
+namespace {
+
+/// sum(tanh(x W)): tanh keeps its output, so without a budget the product's output is freed as
+/// soon as tanh has read it; a budget that kept it for tanh's recomputation used to count it.
+struct TanhOfProduct : nn::Module {
+  Tensor w;
+  explicit TanhOfProduct(Generator& g) : w(randn({64, 64}, g)) { register_parameter("w", w); }
+  Tensor forward(const Tensor& x) { return tanh(matmul(x, w)); }
+};
+
+/// Two levels with one weight used at both (a tied weight) and a skip from the first to the last.
+struct TiedSkip : nn::Module {
+  nn::Linear shared, inner, head;
+  explicit TiedSkip(Generator& g) : shared(32, 32, true, g), inner(32, 32, true, g), head(32, 32, true, g) {
+    register_module("shared", shared);
+    register_module("inner", inner);
+    register_module("head", head);
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor a = gelu(shared(x));
+    const Tensor b = tanh(inner(a));
+    return head((gelu(shared(b)) + a) * b);
+  }
+};
+
+/// Residual blocks, each one checkpoint(): only the residual stream is saved in forward.
+struct CheckpointedResidual : nn::Module {
+  std::vector<std::unique_ptr<nn::Linear>> fc;
+  explicit CheckpointedResidual(Generator& g) {
+    for (int i = 0; i < 4; ++i) {
+      fc.push_back(std::make_unique<nn::Linear>(32, 32, true, g));
+      register_module("fc" + std::to_string(i), *fc.back());
+    }
+  }
+  Tensor forward(const Tensor& x) {
+    Tensor h = x;
+    for (auto& f : fc) h = h + checkpoint([&](const Tensor& a) { return dropout(tanh((*f)(a)), 0.1); }, h);
+    return h;
+  }
+};
+
+/// The invariants of a budget that never costs memory: at the step's own activation peak, and far
+/// above it, nothing is discarded or recomputed and the activation peak does not rise; and the
+/// least feasible budget is at most that peak. (The live peak is reported beside it: a tensor only
+/// recipes hold is let go at the budget's next event, which can come one op after the moment the
+/// step without a budget frees it.)
+template <class Model>
+void never_costs_memory(Model& model, const std::function<Tensor()>& loss_fn) {
+  const StepResult free_run = step(model, loss_fn, std::nullopt);
+  REQUIRE(free_run.peak_saved > 0);
+  for (const std::size_t budget : {free_run.peak_saved, std::size_t{1} << 30}) {
+    const StepResult r = step(model, loss_fn, budget);
+    INFO("budget " << budget << " B: activation peak " << r.peak_saved << " B (" << free_run.peak_saved
+                   << " B without a budget), live peak " << r.peak_live << " B (" << free_run.peak_live << " B)\n"
+                   << r.log.str());
+    CHECK(r.log.discards == 0);
+    CHECK(r.log.recomputes == 0);
+    CHECK(r.peak_saved == free_run.peak_saved);
+    CHECK(r.grads == free_run.grads);
+  }
+  const Least found = least_feasible(model, loss_fn);
+  INFO("least feasible " << found.bytes << " B, activation peak without a budget " << free_run.peak_saved << " B");
+  CHECK(found.bytes <= free_run.peak_saved);
+  const StepResult at_least = step(model, loss_fn, std::nullopt, found.plan);
+  CHECK(at_least.peak_saved <= found.bytes);
+  CHECK(at_least.grads == free_run.grads);
+}
+
+}  // namespace
+
+TEST_CASE("memory budget: parameters count apart from activations in the books", "[budget][memory]") {
+  test::FreshTape fresh;
+  Generator g(10);
+  nn::Linear layer(32, 16, false, g);
+  const Tensor x = randn({8, 32}, g).requires_grad_();
+  const MemoryStats before = memory_stats();
+  const Tensor y = layer(x);  // saves x (an activation to the books) and the weight (a parameter)
+  const MemoryStats after = memory_stats();
+  CHECK(after.saved_parameter_bytes - before.saved_parameter_bytes == layer.weight.nbytes());
+  CHECK(after.saved_activation_bytes - before.saved_activation_bytes == x.nbytes());
+  CHECK(after.saved_bytes - before.saved_bytes == x.nbytes() + layer.weight.nbytes());
+  CHECK(after.peak_saved_activation_bytes >= after.saved_activation_bytes);
+  {
+    // Under autocast the weight's copy lives with the scope, as its parameter does: the same side.
+    // (An activation's copy, here tanh's output, is an activation; a leaf that requires grad, as x,
+    // is cached like a parameter, as PyTorch's autocast does.)
+    const Tensor a = tanh(x);
+    autocast on;
+    const MemoryStats start = memory_stats();
+    const Tensor z = layer(a);
+    const MemoryStats end = memory_stats();
+    (void)z;
+    CHECK(end.saved_parameter_bytes - start.saved_parameter_bytes == layer.weight.nbytes() / 2);
+    CHECK(end.saved_activation_bytes - start.saved_activation_bytes == a.nbytes() / 2);
+  }
+  (void)y;
+}
+
+TEST_CASE("memory budget: the cap is on activations; a weight saved beside them does not count", "[budget][memory]") {
+  test::FreshTape fresh;
+  Generator g(12);
+  nn::Linear layer(32, 16, false, g);
+  const Tensor x = randn({8, 32}, g).requires_grad_();
+  MemoryBudget budget(x.nbytes());  // x is all the activation this step saves
+  sum(layer(x)).backward();
+  CHECK(budget.last_log().least_feasible == 0);
+  CHECK(budget.last_log().discards == 0);
+  CHECK(budget.last_log().peak_saved_bytes == x.nbytes());
+}
+
+TEST_CASE("memory budget: a budget at or above the unbudgeted activation peak never discards nor raises a peak",
+          "[budget][memory]") {
+  Generator g(11);
+  SECTION("sum(tanh(x W))") {
+    TanhOfProduct model(g);
+    const Tensor x = randn({64, 64}, g);
+    never_costs_memory(model, [&] { return sum(model.forward(x)); });
+  }
+  SECTION("a U-Net-like model with skips") {
+    UNetLike net(24, 0.1, g);
+    const Tensor x = randn({16, 24}, g);
+    never_costs_memory(net, [&] { return mean(net.forward(x) * net.forward(x)); });
+  }
+  SECTION("two levels with a tied weight and a skip") {
+    TiedSkip model(g);
+    const Tensor x = randn({16, 32}, g);
+    never_costs_memory(model, [&] { return mean(model.forward(x)); });
+  }
+  SECTION("checkpoint() per residual block") {
+    CheckpointedResidual model(g);
+    const Tensor x = randn({16, 32}, g);
+    never_costs_memory(model, [&] { return mean(model.forward(x) * model.forward(x)); });
+  }
+  SECTION("a GPT, without and with checkpointing per block") {
+    Generator init(3);
+    nn::GPT gpt(test::small_gpt(3, 0.1), init);
+    const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
+    never_costs_memory(gpt, [&] { return gpt.loss(idx, targets); });
+    apply_checkpointing(gpt, Checkpointing::each_block());
+    never_costs_memory(gpt, [&] { return gpt.loss(idx, targets); });
+    apply_checkpointing(gpt, Checkpointing::none());
+  }
+}
+
+TEST_CASE("memory budget: a budget living across steps replays the last step's plan while the ops repeat",
+          "[budget][plan]") {
+  Generator g(13);
+  UNetLike net(24, 0.1, g);
+  const Tensor x = randn({16, 24}, g);
+  auto twice = [&] { return mean(net.forward(x) * net.forward(x)); };
+  // Another step: one forward, then a different loss, so the ops differ from the second forward on.
+  auto once = [&] { return mean(tanh(net.forward(x))); };
+  const StepResult free_run = step(net, twice, std::nullopt);
+  // A budget the search fits from scratch (one step under it, alone).
+  const std::size_t budget = free_run.peak_saved * 3 / 4;
+  const StepResult searched = step(net, twice, budget);
+  REQUIRE(searched.log.discards > 0);
+  const StepResult replayed = step(net, twice, std::nullopt, DiscardPlan::from(searched.log));
+  CHECK(replayed.log.plan_misses == 0);
+  test::FreshTape fresh;
+  MemoryBudget guard(budget);
+  std::vector<BudgetLog> logs;
+  std::vector<std::vector<std::vector<float>>> grads;
+  auto train_step = [&](const std::function<Tensor()>& loss_fn) {
+    net.zero_grad();
+    manual_seed(77);
+    loss_fn().backward();
+    logs.push_back(guard.last_log());
+    grads.push_back(test::gradients(net));
+  };
+  for (int i = 0; i < 3; ++i) train_step(twice);
+  train_step(once);
+  train_step(once);
+  for (const BudgetLog& log : logs) {
+    INFO(log.str());
+    CHECK(log.peak_saved_bytes <= budget);
+    CHECK(log.plan_misses == 0);
+  }
+  CHECK_FALSE(logs[0].reused_plan);
+  CHECK(logs[0].decisions > 0);
+  for (std::size_t i = 1; i < 3; ++i) {
+    CHECK(logs[i].reused_plan);
+    CHECK_FALSE(logs[i].plan_abandoned);
+    CHECK(logs[i].decisions == 0);
+    CHECK(logs[i].discards == logs[0].discards);
+    CHECK(logs[i].peak_saved_bytes == logs[0].peak_saved_bytes);
+    CHECK(grads[i] == free_run.grads);
+  }
+  CHECK(grads[0] == free_run.grads);
+  CHECK(logs[3].reused_plan);
+  CHECK(logs[3].plan_abandoned);
+  CHECK(logs[4].reused_plan);
+  CHECK_FALSE(logs[4].plan_abandoned);
+  CHECK(logs[4].decisions == 0);
+  CHECK(grads[4] == grads[3]);
 }

@@ -1,5 +1,7 @@
 #pragma once
-// MemoryBudget: a hard limit on the bytes saved for backward, for any graph the tape records.
+// MemoryBudget: a hard limit on the activation bytes saved for backward, for any graph the tape
+// records (parameters, alive whatever the graph does, count apart: memory_stats()'s
+// saved_activation_bytes is what it caps).
 //
 //   { remat::MemoryBudget budget(512 << 20); loss = model.loss(x, y); loss.backward(); }
 //
@@ -9,8 +11,13 @@
 // until they fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x
 // staleness) goes first — and a discarded output is recomputed, its discarded inputs first, when
 // something reads it. Leaves, parameters, tensors the user holds and tensors an op or a backward is
-// reading are never discarded. The discards of a step are logged, and the log of one step is a
-// static plan the next steps replay without searching (training steps repeat).
+// reading are never discarded. The inputs a recomputation would read cost nothing while something
+// else holds them; once only recomputations do, a rebuildable one is let go (released: rebuilt
+// in turn if a recomputation needs it) and any other is counted as saved. So a budget at or above
+// the step's activation peak without a budget never discards and never raises that peak. The discards of a step are logged, and the log of one step is a
+// static plan the next steps replay without searching (training steps repeat): a budget that lives
+// across steps does so by itself, while each step registers the ops of the last one (op, output
+// bytes, in order), and searches again from the first op that differs.
 //
 // A budget below what the step needs is a remat::Error at the end of that step's backward, naming
 // the smallest budget that worked (measured); the step's gradients are complete and exact all the
@@ -18,6 +25,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -25,6 +33,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -79,21 +88,26 @@ struct BudgetLog {
   /// How many discards and recomputes the step made.
   std::size_t discards = 0, recomputes = 0;
   ///@}
+  /// Outputs let go once nothing but recomputations held them (not decisions: no budget keeps them).
+  std::size_t releases = 0;
   /// What the recomputes cost, in flops.
   double recomputed_flops = 0;
   /// Searches for what to discard (the run-time heuristic). A step replaying a plan makes none.
   std::size_t decisions = 0;
   /// Discards a plan named that the step could not carry out (the step differed from the plan's).
   std::size_t plan_misses = 0;
-  std::size_t peak_saved_bytes = 0;  ///< of the saved-for-backward books during the step
+  /// Whether the step began replaying the last step's decisions (a budget living across steps
+  /// reuses them while the ops repeat), and whether it went back to searching because they did not.
+  bool reused_plan = false, plan_abandoned = false;
+  std::size_t peak_saved_bytes = 0;  ///< of this thread's saved activation bytes during the step
   /// When the step did not fit: the budget its decisions (this log) fit, measured; else 0.
   std::size_t least_feasible = 0;
 
   /// A summary line: budget, peak saved bytes, discards and recomputes.
   std::string str() const {
     std::string out = fmt::format("memory budget {} B: peak saved {} B, {} discards, {} recomputes ({:.3g} flop), "
-                                  "{} decisions\n", budget, peak_saved_bytes, discards, recomputes, recomputed_flops,
-                                  decisions);
+                                  "{} releases, {} decisions\n", budget, peak_saved_bytes, discards, recomputes,
+                                  recomputed_flops, releases, decisions);
     for (const BudgetEvent& e : events) out += "  " + e.str() + "\n";
     return out;
   }
@@ -127,14 +141,15 @@ using RematPlan = DiscardPlan;
   }
 };
 
-/// RAII: while it lives, the bytes saved for backward on this thread's graphs stay at or under the
-/// budget (this thread's saved-for-backward books: what the graphs built on this thread save; the
-/// process's memory_stats().saved_bytes adds every thread's). One per thread at a time. Run both
+/// RAII: while it lives, the activation bytes saved for backward on this thread's graphs stay at or
+/// under the budget (this thread's books: what the graphs built on this thread save, parameters
+/// apart; the process's memory_stats().saved_activation_bytes adds every thread's). One per thread at a time. Run both
 /// forward and backward inside it: when it ends, outputs still discarded and still needed by a
 /// graph kept for another backward are recomputed, without a budget.
 class MemoryBudget final : public OpOutputHook, public detail::Residency {
  public:
-  /// A limit of `bytes` on the bytes saved for backward on this thread; one budget per thread at a time.
+  /// A limit of `bytes` on the activation bytes saved for backward on this thread; one budget per
+  /// thread at a time.
   explicit MemoryBudget(std::size_t bytes) : budget_(bytes), limit_(bytes), owner_(std::this_thread::get_id()) {
     REMAT_CHECK(detail::active_residency() == nullptr,
                 "MemoryBudget: another budget is active on this thread; budgets do not nest");
@@ -142,7 +157,10 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     begin_step();
   }
   /// A budget that replays `plan` (from an earlier step's log) instead of searching.
-  explicit MemoryBudget(DiscardPlan plan) : MemoryBudget(plan.budget) { plan_ = std::move(plan); }
+  explicit MemoryBudget(DiscardPlan plan) : MemoryBudget(plan.budget) {
+    plan_ = std::move(plan);
+    given_plan_ = true;
+  }
 
   ~MemoryBudget() override {
     detail::active_residency() = nullptr;
@@ -154,7 +172,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     std::sort(left.begin(), left.end(), [](const auto& a, const auto& b) { return a->order < b->order; });
     for (const auto& r : left)
       for (const auto& w : r->outputs)
-        if (auto s = w.lock(); s && !s->resident()) {
+        if (auto s = w.lock(); s && !s->resident() && records_holding(*s) > 0) {
           try {
             rebuild(*s);
           } catch (...) {
@@ -165,6 +183,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     entries_.clear();
     for (auto& [storage, entry] : entries) const_cast<detail::Storage*>(storage)->attach(nullptr);
     entries.clear();  // recipes go here, releasing what they held
+    for (auto& [storage, held] : counted_) held->release_saved();
   }
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
@@ -182,6 +201,12 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
 
   // --- op-output hook -------------------------------------------------------------------------
   bool wants_recompute() const override { return registering(); }
+
+  /// Before an op computes: what only recipes hold goes first, as it would have without a budget.
+  bool skip(const OpOutput& out) override {
+    sweep(nullptr);
+    return OpOutputHook::skip(out);
+  }
 
   void recomputable(const OpOutput& out, const std::vector<detail::TensorRef>& values, Recompute how) override {
     if (!registering()) return;
@@ -206,14 +231,34 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       any = true;
     }
     by_index_.push_back(recipe);
+    // The op sequence of the step, against the last one's while its plan is replayed.
+    std::uint64_t sig = detail::fnv1a(out.op.name(), std::strlen(out.op.name()));
+    sig = detail::fnv1a(&out.bytes, sizeof out.bytes, sig);
+    ops_.push_back(sig);
+    if (reusing_ && (ops_.size() > last_ops_.size() || last_ops_[ops_.size() - 1] != sig)) {
+      plan_.reset();  // a different step: the search decides from here on
+      reusing_ = false;
+      log_.plan_abandoned = true;
+    }
     if (!any) return;
     recipe->how = std::move(how);
     for (std::size_t i = 0; i < recipe->how.reads.size(); ++i) {
-      detail::Storage& in = *recipe->how.reads[i];
-      in.bookkeeping_refs() += recipe->how.held_by_compute[i];
-      in.retain_saved();  // an input kept for recomputation is held for backward too
-      if (auto it = entries_.find(&in); it != entries_.end()) it->second.last_use = now;
+      const std::shared_ptr<detail::Storage>& in = recipe->how.reads[i];
+      // Not counted while something else holds it (sweep() decides when nothing does).
+      in->bookkeeping_refs() += recipe->how.held_by_compute[i] + 1;
+      if (in->parameter()) continue;
+      auto [read, fresh] = reads_.try_emplace(in.get(), Read{in, {}});
+      if (!fresh && read->second.storage.lock() != in) {
+        // A storage the budget never attached dies without forget(): this is another at its address.
+        read->second = Read{in, {}};
+        keep_.erase(in.get());
+        fresh = true;
+      }
+      read->second.readers.push_back(recipe);
+      if (fresh) pending_.insert(in.get());
+      if (auto it = entries_.find(in.get()); it != entries_.end()) it->second.last_use = now;
     }
+    sweep(nullptr);
   }
 
   // --- residency ------------------------------------------------------------------------------
@@ -226,11 +271,20 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// Residency: a backward is about to read `s` (a use, for staleness).
   void used(detail::Storage& s) override {
     if (auto it = entries_.find(&s); it != entries_.end()) it->second.last_use = ++clock_;
+    sweep(&s);
+  }
+
+  /// Residency: no saved record holds `s` now; if only recomputations do, the next sweep lets it go.
+  void unsaved(detail::Storage& s) override {
+    if (!closing_ && reads_.count(&s)) pending_.insert(&s);
   }
 
   /// Residency: `s` is being destroyed; its recipe goes with it.
   void forget(detail::Storage& s) noexcept override {
     hashes_.erase(&s);
+    reads_.erase(&s);
+    pending_.erase(&s);
+    keep_.erase(&s);
     auto node = entries_.extract(&s);  // the recipe (and what it holds) may go when `node` does
   }
 
@@ -243,6 +297,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// Residency: before `bytes` of `incoming` join the saved books, discards others until they fit.
   void make_room(std::size_t bytes, const detail::Storage* incoming) override {
     if (closing_) return;
+    sweep(incoming);
     const std::size_t moment = moment_++;
     std::size_t saved = books_->saved_bytes();
     if (plan_) {
@@ -290,7 +345,8 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     finish_step();
     if (completed && last_log_.least_feasible > 0)
       throw Error(fmt::format(
-          "MemoryBudget: the step needs more than the budget of {} B saved for backward ({}). The smallest budget "
+          "MemoryBudget: the step needs more than the budget of {} B of activations saved for backward ({}). The "
+          "smallest budget "
           "that works for this step is {} B (measured: the step went on under a limit raised to each moment's need; "
           "MemoryBudget(budget.plan()) replays its decisions within that budget); the step's gradients are complete "
           "and exact", budget_, last_first_over_, last_log_.least_feasible));
@@ -308,11 +364,8 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     std::vector<std::uint64_t> versions;
 
     ~Recipe() {
-      if (!how.compute) return;  // registered nothing, so retained nothing
-      for (std::size_t i = 0; i < how.reads.size(); ++i) {
-        how.reads[i]->bookkeeping_refs() -= how.held_by_compute[i];
-        how.reads[i]->release_saved();
-      }
+      if (!how.compute) return;  // registered nothing, so holds nothing
+      for (std::size_t i = 0; i < how.reads.size(); ++i) how.reads[i]->bookkeeping_refs() -= how.held_by_compute[i] + 1;
     }
   };
   struct Entry {
@@ -398,14 +451,109 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     return discardable(*p, it->second, w, incoming) ? p : nullptr;
   }
 
+  /// The inputs of recomputations that nothing else holds any more, settled as the step without a
+  /// budget would free them: a rebuildable one is let go (rebuilt in turn if a recomputation needs
+  /// it); one that is not (made outside the budget's sight: a factory's, a checkpointed forward's)
+  /// takes the recipes reading it off the books, so their outputs are no longer discardable —
+  /// unless one of those outputs is discarded already and needs it to come back: then it is counted
+  /// as saved, since only the budget keeps it. Those something else still holds wait for a later
+  /// sweep. Decided first and done after, since letting go may destroy storages (forget()).
+  void sweep(const detail::Storage* incoming) {
+    if (sweeping_ || closing_ || pending_.empty()) return;
+    sweeping_ = true;
+    std::vector<std::shared_ptr<detail::Storage>> release, settle;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const auto found = reads_.find(*it);
+      std::shared_ptr<detail::Storage> s = found == reads_.end() ? nullptr : found->second.storage.lock();
+      if (!s || !s->resident() || s->saved_refs() > 0 || s->parameter()) {
+        it = pending_.erase(it);  // gone, away, or counted by the record that saves it
+        continue;
+      }
+      if (s.get() == incoming || s.use_count() - 1 > s->bookkeeping_refs()) {
+        ++it;  // a user, an op or a backward holds it
+        continue;
+      }
+      it = pending_.erase(it);
+      const auto entry = entries_.find(s.get());
+      if (!keep_.count(s.get()) && entry != entries_.end() &&
+          s->version() == entry->second.recipe->versions[entry->second.output])
+        release.push_back(std::move(s));
+      else
+        settle.push_back(std::move(s));
+    }
+    for (const auto& s : release) {
+      forget_bytes(*s);
+      ++log_.releases;
+    }
+    // Counting one makes room (a moment, as plans count them): in an order that does not depend on
+    // where the storages happen to be in memory.
+    std::sort(settle.begin(), settle.end(), [](const auto& a, const auto& b) { return a->serial() < b->serial(); });
+    for (const auto& s : settle) {
+      // Rebuilt (so likely needed again), or needed by an output already discarded: counted.
+      std::unordered_set<const detail::Storage*> seen;
+      if (keep_.erase(s.get()) > 0 || needed_for_rebuild(*s, seen)) {
+        if (counted_.count(s.get()) == 0) {
+          s->retain_saved();  // may make room: sweeping_ keeps that from sweeping again
+          counted_.emplace(s.get(), s);
+        }
+        continue;
+      }
+      cut(*s);
+    }
+    release.clear();
+    settle.clear();  // the last holds of what cut recipes read go here
+    sweeping_ = false;
+  }
+
+  /// The recipes reading `s`, those still alive.
+  std::vector<std::shared_ptr<Recipe>> readers_of(const detail::Storage& s) const {
+    std::vector<std::shared_ptr<Recipe>> out;
+    if (auto r = reads_.find(&s); r != reads_.end())
+      for (const auto& w : r->second.readers)
+        if (auto recipe = w.lock()) out.push_back(std::move(recipe));
+    return out;
+  }
+
+  /// Whether a recomputation the step may still run reads `s`: an output computed from it is away
+  /// and held by a saved record (discarded by a decision), or away and, in turn, so needed.
+  bool needed_for_rebuild(const detail::Storage& s, std::unordered_set<const detail::Storage*>& seen) const {
+    if (!seen.insert(&s).second) return false;
+    for (const auto& recipe : readers_of(s))
+      for (const auto& w : recipe->outputs)
+        if (auto out = w.lock(); out && !out->resident())
+          if (records_holding(*out) > 0 || needed_for_rebuild(*out, seen)) return true;
+    return false;
+  }
+
+  /// Takes the recipes reading `s` off the books, and what they computed that is away (let go,
+  /// never to be rebuilt now) with its own readers: their outputs are no longer discardable, and
+  /// each recipe, with what it holds, goes when nothing else refers to it.
+  void cut(const detail::Storage& s) {
+    for (const auto& recipe : readers_of(s))
+      for (const auto& w : recipe->outputs)
+        if (auto o = w.lock(); o && o->residency() == this) {
+          entries_.erase(o.get());
+          o->attach(nullptr);
+          if (!o->resident()) cut(*o);
+        }
+  }
+
+  /// How many saved records (nodes, checkpoints, snapshots) hold `s`: its saved references but the
+  /// one the budget takes itself for a storage only recipes hold.
+  int records_holding(const detail::Storage& s) const { return s.saved_refs() - static_cast<int>(counted_.count(&s)); }
+
+  /// Frees a registered output's bytes (hashed first under checking, to verify its rebuild).
+  void forget_bytes(detail::Storage& s) {
+    if (detail::session().check_replay_values) hashes_[&s] = detail::fnv1a(s.raw_data(), s.bytes());
+    s.discard();
+  }
+
   void discard(detail::Storage& s, std::size_t moment) {
     const Entry& e = entries_.at(&s);
-    if (detail::session().check_replay_values)
-      hashes_[&s] = detail::fnv1a(s.raw_data(), s.bytes());
     log_.events.push_back({BudgetEvent::Kind::discard, moment, e.recipe->index, e.output, e.recipe->op.name(),
                            s.bytes(), flops_to_rebuild(*e.recipe)});
     ++log_.discards;
-    s.discard();
+    forget_bytes(s);
   }
 
   void rebuild(detail::Storage& s) {
@@ -462,6 +610,17 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       ++log_.recomputes;
       log_.recomputed_flops += r->flops;
     }
+    // What this recomputation brought back or read may be held only by recipes afterwards. Those
+    // are counted as saved then, not let go: a budget tight enough to rebuild is likely to need
+    // them again (each rebuild of the residual stream would otherwise redo its ancestry), and the
+    // search may still discard them.
+    auto settle_later = [&](const std::shared_ptr<detail::Storage>& s) {
+      if (!s || !reads_.count(s.get())) return;
+      pending_.insert(s.get());
+      keep_.insert(s.get());
+    };
+    for (const auto& s : inputs) settle_later(s);
+    for (const auto& s : outputs) settle_later(s);
   }
 
   std::vector<std::shared_ptr<Recipe>> recipes() const {
@@ -476,9 +635,6 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   void prune() {
     std::vector<std::shared_ptr<Recipe>> all = recipes();
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->order > b->order; });
-    std::unordered_map<const detail::Storage*, int> recipe_holds;
-    for (const auto& r : all)
-      for (const auto& in : r->how.reads) ++recipe_holds[in.get()];
     std::unordered_map<const detail::Storage*, bool> needed_input;
     std::vector<std::shared_ptr<Recipe>> drop;
     for (const auto& r : all) {
@@ -486,9 +642,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       for (const auto& w : r->outputs) {
         auto s = w.lock();
         if (!s) continue;
-        auto h = recipe_holds.find(s.get());
-        const int by_recipes = h == recipe_holds.end() ? 0 : h->second;
-        if (s->saved_refs() > by_recipes || needed_input.count(s.get())) needed = true;
+        if (records_holding(*s) > 0 || needed_input.count(s.get())) needed = true;
       }
       if (needed) {
         for (const auto& in : r->how.reads) needed_input[in.get()] = true;
@@ -502,7 +656,28 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
           entries_.erase(s.get());
           s->attach(nullptr);
         }
-    drop.clear();  // what only they held goes now
+    drop.clear();
+    all.clear();  // what only the dropped recipes held goes now
+    for (auto it = counted_.begin(); it != counted_.end();) {
+      if (it->second->bookkeeping_refs() > 0) {
+        ++it;
+        continue;
+      }
+      it->second->release_saved();  // no recomputation reads it any more
+      it = counted_.erase(it);
+    }
+    for (auto it = reads_.begin(); it != reads_.end();) {
+      if (it->second.storage.expired()) {  // gone without forget() (never attached)
+        pending_.erase(it->first);
+        keep_.erase(it->first);
+        it = reads_.erase(it);
+        continue;
+      }
+      auto& readers = it->second.readers;
+      readers.erase(std::remove_if(readers.begin(), readers.end(), [](const std::weak_ptr<Recipe>& w) { return w.expired(); }),
+                    readers.end());
+      ++it;
+    }
   }
 
   void begin_step() {
@@ -523,7 +698,20 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     last_log_ = std::move(log_);
     last_log_.least_feasible = over_ ? least_ : 0;
     last_first_over_ = first_over_;
+    // A step that fitted its budget is the plan of the next, if the next repeats it (a plan the
+    // user gave stays theirs; a step that did not fit leaves the retry to the user).
+    if (!given_plan_) {
+      reusing_ = last_log_.least_feasible == 0 && last_log_.plan_misses == 0;
+      if (reusing_) {
+        plan_ = DiscardPlan::from(last_log_);
+        last_ops_ = std::move(ops_);
+      } else {
+        plan_.reset();
+      }
+    }
+    ops_.clear();
     begin_step();
+    log_.reused_plan = reusing_;
   }
 
   std::size_t budget_;
@@ -531,10 +719,24 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   std::size_t limit_;      // the budget, raised to least_ after an overflow
   std::thread::id owner_;
   std::optional<DiscardPlan> plan_;
+  bool given_plan_ = false;  // plan_ is the user's (MemoryBudget(plan)), not the last step's
+  bool reusing_ = false;     // plan_ is the last step's, replayed while the ops repeat
+  std::vector<std::uint64_t> ops_, last_ops_;  // this step's and the last one's op sequence
   std::size_t next_planned_ = 0;
   std::unordered_map<const detail::Storage*, Entry> entries_;
   std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order
   std::unordered_map<const detail::Storage*, std::uint64_t> hashes_;  // under checkpoint checking
+  // Every storage a recipe reads (parameters apart) with the recipes reading it, those of them
+  // sweep() has yet to settle, and those it counted as saved because nothing but recipes held them
+  // and they could not be let go.
+  struct Read {
+    std::weak_ptr<detail::Storage> storage;
+    std::vector<std::weak_ptr<Recipe>> readers;
+  };
+  std::unordered_map<const detail::Storage*, Read> reads_;
+  std::unordered_set<const detail::Storage*> pending_, keep_;  // keep_: rebuilt, so counted not released
+  std::unordered_map<const detail::Storage*, std::shared_ptr<detail::Storage>> counted_;
+  bool sweeping_ = false;
   std::uint64_t clock_ = 0;
   std::uint64_t next_order_ = 0;
   std::size_t moment_ = 0;

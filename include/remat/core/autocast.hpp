@@ -23,8 +23,8 @@
 // segment is narrowed once, and a replay reads the very copy its forward read. The cache lives as
 // long as the outermost guard and every segment or chain that will replay under it, so with
 // backward outside the guard it goes when the step's backward has released the last of them; the
-// copies are ordinary tensors, in the memory books like any other (half the float32 parameters'
-// bytes at most). A parameter written in place (an optimizer step inside a long-lived guard) is
+// copies are ordinary tensors, in the memory books on the parameters' side (half the float32
+// parameters' bytes at most; memory_stats().saved_parameter_bytes when nodes save them). A parameter written in place (an optimizer step inside a long-lived guard) is
 // narrowed again at its next use: an entry is reused only while its storage's version is unchanged.
 // The price is memory: under checkpointing, where a segment's forward keeps nothing, the copies are
 // held from the forward to the segment's replay, which can be more than the activations a fine
@@ -37,6 +37,7 @@
 #include <unordered_map>
 
 #include "remat/core/bfloat16.hpp"
+#include "remat/core/cast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/session.hpp"
@@ -45,14 +46,6 @@
 namespace remat {
 
 namespace detail {
-
-/// The bfloat16 copy of a float32 tensor (round to nearest even), without history: the operand a
-/// product under autocast multiplies and saves.
-inline BasicTensor<bfloat16> bfloat16_copy(const BasicTensor<float>& t) {
-  BasicTensor<bfloat16> out(t.shape());
-  convert_elements(t.cdata(), out.data(), t.numel(), narrow_to_bfloat16);
-  return out;
-}
 
 /// The bfloat16 copies of one autocast scope's parameters, one per storage, each reused while
 /// that storage lives unchanged (same version, same shape).
@@ -82,7 +75,8 @@ class AutocastCache {
       ++stats_.reuses;
       return e.copy;
     }
-    e = Entry{storage, storage->version(), bfloat16_copy(t)};
+    e = Entry{storage, storage->version(), cast_copy<bfloat16>(t)};
+    e.copy.storage()->mark_parameter();  // alive with the scope, as its parameter is
     ++stats_.casts;
     return e.copy;
   }
@@ -170,7 +164,7 @@ inline constexpr bool kAutocasts = std::is_same_v<T, float>;
 inline BasicTensor<bfloat16> autocast_operand(const BasicTensor<float>& t) {
   AutocastCache* cache = session().autocast_cache.get();
   if (cache && cache->caches(t)) return cache->copy_of(t);
-  return bfloat16_copy(t);
+  return cast_copy<bfloat16>(t);
 }
 
 /// A product's operand in element type E: the tensor itself, or its bfloat16 copy.
@@ -179,7 +173,7 @@ BasicTensor<E> as_operand(const BasicTensor<T>& t) {
   if constexpr (std::is_same_v<E, T>) return t;
   else {
     static_assert(std::is_same_v<E, bfloat16> && std::is_same_v<T, float>, "autocast narrows float32 to bfloat16");
-    return bfloat16_copy(t);
+    return cast_copy<bfloat16>(t);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "remat/core/autograd.hpp"  // Tensor::backward, for every program that makes tensors
 #include "remat/core/bfloat16.hpp"
+#include "remat/core/cast.hpp"
 #include "remat/core/produce.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/tensor.hpp"
@@ -139,29 +140,6 @@ namespace op {
 /// The id of to<U>(t): the element type converted (PyTorch's .to(dtype)).
 inline const OpId to = register_op("to");
 }  // namespace op
-
-namespace detail {
-
-/// t's elements converted to U, without history. To bfloat16 rounds to nearest even
-/// (core/bfloat16.hpp), from other types than float through float as PyTorch does (a double
-/// rounds twice); from bfloat16 is exact.
-template <class U, class T>
-BasicTensor<U> cast_copy(const BasicTensor<T>& t) {
-  constexpr bool narrow = std::is_same_v<U, bfloat16> && !std::is_same_v<T, bfloat16>;
-  constexpr bool widen = std::is_same_v<T, bfloat16> && !std::is_same_v<U, bfloat16>;
-  BasicTensor<U> out(t.shape());
-  const T* src = t.data();
-  U* dst = out.data();
-  const std::int64_t n = t.numel();
-  if constexpr (narrow && std::is_same_v<T, float>) convert_elements(src, dst, n, narrow_to_bfloat16);
-  else if constexpr (widen && std::is_same_v<U, float>) convert_elements(src, dst, n, widen_from_bfloat16);
-  else if constexpr (narrow) for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bfloat16(static_cast<float>(src[i]));
-  else if constexpr (widen) for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(to_float(src[i]));
-  else for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<U>(src[i]);
-  return out;
-}
-
-}  // namespace detail
 
 /// Converts the element type (float <-> double, float <-> bfloat16, to and from integers), always
 /// into a new tensor. To bfloat16 rounds to nearest even (core/bfloat16.hpp), from other types

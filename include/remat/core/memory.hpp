@@ -25,6 +25,14 @@ struct MemoryStats {
   std::size_t saved_bytes = 0;       ///< of live_bytes, those held by tapes for backward
   std::size_t peak_saved_bytes = 0;  ///< the most saved_bytes has been since the last reset
   std::size_t allocations = 0;       ///< tensor storages allocated since start (a count)
+  /// Of saved_bytes, those of parameters (and the autocast scope's copies of them): alive whatever
+  /// the graph does, so no checkpointing policy or budget can change them.
+  std::size_t saved_parameter_bytes = 0;
+  /// Of saved_bytes, the rest (saved_bytes - saved_parameter_bytes): the activations a step keeps
+  /// for backward, what checkpointing trades for recomputation and what a MemoryBudget caps.
+  std::size_t saved_activation_bytes = 0;
+  /// The most saved_activation_bytes has been since the last reset.
+  std::size_t peak_saved_activation_bytes = 0;
 };
 
 namespace detail {
@@ -49,6 +57,7 @@ inline constexpr std::size_t kSmallAlignment = 16;
 struct ScopePeaks {
   std::size_t peak_bytes = 0;
   std::size_t peak_saved_bytes = 0;
+  std::size_t peak_saved_activation_bytes = 0;
 };
 
 // GCC defines __SANITIZE_ADDRESS__ under -fsanitize=address; clang answers __has_feature.
@@ -133,17 +142,23 @@ class MemoryLedger {
     std::lock_guard<std::mutex> lock(mutex_);
     return cached_bytes_;
   }
-  void add_saved(std::size_t bytes) {
+  /// `bytes` join the saved-for-backward books, a parameter's or an activation's.
+  void add_saved(std::size_t bytes, bool parameter) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.saved_bytes += bytes;
+    (parameter ? stats_.saved_parameter_bytes : stats_.saved_activation_bytes) += bytes;
     stats_.peak_saved_bytes = std::max(stats_.peak_saved_bytes, stats_.saved_bytes);
-    for (ScopePeaks* s : scopes_)
+    stats_.peak_saved_activation_bytes = std::max(stats_.peak_saved_activation_bytes, stats_.saved_activation_bytes);
+    for (ScopePeaks* s : scopes_) {
       s->peak_saved_bytes = std::max(s->peak_saved_bytes, stats_.saved_bytes);
+      s->peak_saved_activation_bytes = std::max(s->peak_saved_activation_bytes, stats_.saved_activation_bytes);
+    }
     to_timeline();
   }
-  void remove_saved(std::size_t bytes) {
+  void remove_saved(std::size_t bytes, bool parameter) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.saved_bytes -= bytes;
+    (parameter ? stats_.saved_parameter_bytes : stats_.saved_activation_bytes) -= bytes;
     to_timeline();
   }
   MemoryStats stats() {
@@ -154,11 +169,13 @@ class MemoryLedger {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.peak_bytes = stats_.live_bytes;
     stats_.peak_saved_bytes = stats_.saved_bytes;
+    stats_.peak_saved_activation_bytes = stats_.saved_activation_bytes;
   }
   void open(ScopePeaks* s) {
     std::lock_guard<std::mutex> lock(mutex_);
     s->peak_bytes = stats_.live_bytes;
     s->peak_saved_bytes = stats_.saved_bytes;
+    s->peak_saved_activation_bytes = stats_.saved_activation_bytes;
     scopes_.push_back(s);
   }
   void close(ScopePeaks* s) {
@@ -198,7 +215,7 @@ class MemoryLedger {
 /// The counting allocator's figures now: live, peak and saved bytes, and the allocation count.
 inline MemoryStats memory_stats() { return detail::MemoryLedger::instance().stats(); }
 
-/// Sets peak_bytes and peak_saved_bytes to the current live figures.
+/// Sets peak_bytes, peak_saved_bytes and peak_saved_activation_bytes to the current figures.
 inline void reset_peak_memory_stats() { detail::MemoryLedger::instance().reset_peaks(); }
 
 /// Bytes of freed tensor storage kept for reuse (not counted in live_bytes).
@@ -225,6 +242,10 @@ class MemoryScope {
   std::size_t peak_bytes() const { return peaks_.peak_bytes; }
   /// The most saved_bytes has been since the scope was constructed.
   std::size_t peak_saved_bytes() const { return peaks_.peak_saved_bytes; }
+  /// saved_activation_bytes when the scope was constructed.
+  std::size_t start_saved_activation_bytes() const { return start_.saved_activation_bytes; }
+  /// The most saved_activation_bytes has been since the scope was constructed (parameters apart).
+  std::size_t peak_saved_activation_bytes() const { return peaks_.peak_saved_activation_bytes; }
   /// Peak above the level at construction: what the measured code needed on top.
   std::size_t peak_bytes_above_start() const { return peaks_.peak_bytes - start_.live_bytes; }
 
@@ -245,8 +266,9 @@ inline std::uint64_t next_storage_serial(bool take) {
 
 class Storage;
 
-/// The saved-for-backward bytes of the graphs one thread builds: what that thread's MemoryBudget
-/// caps, so that two threads under two budgets do not steer each other's decisions. A storage
+/// The saved-for-backward activation bytes of the graphs one thread builds (parameters apart):
+/// what that thread's MemoryBudget caps, so that two threads under two budgets do not steer each
+/// other's decisions. A storage
 /// remembers the books it joined (a backward may run, and free it, on another thread), and the
 /// books outlive their thread while a storage still counts in them.
 class ThreadSavedBooks {
@@ -278,8 +300,8 @@ inline const std::shared_ptr<ThreadSavedBooks>& thread_saved_books() {
 
 /// Who may discard a storage's bytes and bring them back (a memory budget): every read of an
 /// attached storage goes through access(), which recomputes the bytes first when they were
-/// discarded. make_room() is asked, on the thread whose budget is active, before bytes join the
-/// saved-for-backward books.
+/// discarded. make_room() is asked, on the thread whose budget is active, before activation bytes
+/// join the saved-for-backward books.
 class Residency {
  public:
   virtual ~Residency() = default;
@@ -291,6 +313,8 @@ class Residency {
   virtual void forget(Storage& s) noexcept = 0;
   /// Before `bytes` of `incoming` join the saved books: discard others until they fit.
   virtual void make_room(std::size_t bytes, const Storage* incoming) = 0;
+  /// The last saved record holding `s` let go of it (it may now be held only for recomputations).
+  virtual void unsaved(Storage& s) = 0;
   /// What recomputing `s` would cost (flops), for reports.
   virtual double rebuild_cost(const Storage& s) const = 0;
   /// The outermost backward on this thread has returned (`completed`: without an exception).
@@ -303,7 +327,8 @@ inline Residency*& active_residency() { return session().residency; }
 /// The bytes behind one or more tensors (reshape shares it). `version` counts in-place writes so a
 /// tensor saved for backward and modified afterwards is an error, not a wrong gradient; `saved_refs`
 /// counts how many saved-for-backward records hold it, so shared storage is counted as saved once.
-/// Under a memory budget a storage may be attached to a Residency, which can discard its bytes
+/// A parameter's storage (marked by the module that owns it) counts in the books apart from the
+/// activations. Under a memory budget a storage may be attached to a Residency, which can discard its bytes
 /// (the handle stays) and recompute them when they are read again.
 class Storage {
  public:
@@ -331,15 +356,28 @@ class Storage {
 
   void retain_saved() {
     if (saved_refs_ == 0 && data_) {
-      if (Residency* r = active_residency()) r->make_room(bytes_, this);
+      if (Residency* r = active_residency(); r && !parameter_) r->make_room(bytes_, this);
       join_saved_books();
     }
     ++saved_refs_;
   }
   void release_saved() {
-    if (--saved_refs_ == 0 && data_) leave_saved_books();
+    if (--saved_refs_ > 0) return;
+    if (data_) leave_saved_books();
+    if (Residency* r = active_residency()) r->unsaved(*this);
   }
   int saved_refs() const { return saved_refs_; }
+
+  /// Whether it is a parameter's (or a copy alive as long as one): in the books apart.
+  bool parameter() const { return parameter_; }
+  /// Marks it a parameter's; a storage counted as saved moves to the parameters' side of the books.
+  void mark_parameter() {
+    if (parameter_) return;
+    const bool counted = saved_refs_ > 0 && data_;
+    if (counted) leave_saved_books();
+    parameter_ = true;
+    if (counted) join_saved_books();
+  }
 
   // --- for a Residency ---------------------------------------------------------------------------
   Residency* residency() const { return residency_; }
@@ -371,12 +409,14 @@ class Storage {
  private:
   // The process's books and the saving thread's.
   void join_saved_books() {
-    MemoryLedger::instance().add_saved(bytes_);
+    MemoryLedger::instance().add_saved(bytes_, parameter_);
+    if (parameter_) return;
     books_ = thread_saved_books();
     books_->add(bytes_);
   }
   void leave_saved_books() {
-    MemoryLedger::instance().remove_saved(bytes_);
+    MemoryLedger::instance().remove_saved(bytes_, parameter_);
+    if (!books_) return;
     books_->remove(bytes_);
     books_.reset();
   }
@@ -387,6 +427,7 @@ class Storage {
   std::uint64_t version_ = 0;
   int saved_refs_ = 0;
   int bookkeeping_refs_ = 0;
+  bool parameter_ = false;
   Residency* residency_ = nullptr;
   std::shared_ptr<ThreadSavedBooks> books_;  // while saved: the books these bytes count in
 };

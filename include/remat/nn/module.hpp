@@ -59,9 +59,11 @@ class Module {
   bool is_training() const { return training_; }
 
  protected:
-  /// Registers a member tensor as a parameter (it is made to require grad).
+  /// Registers a member tensor as a parameter (it is made to require grad, and its bytes count in
+  /// the memory books as a parameter's, apart from activations).
   Tensor& register_parameter(std::string name, Tensor& t) {
     if (t.defined() && !t.requires_grad()) t.requires_grad_();
+    if (t.defined()) t.storage()->mark_parameter();
     params_.emplace_back(std::move(name), &t);
     return t;
   }
@@ -76,6 +78,7 @@ class Module {
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) {
     for (auto& [name, p] : params_) {
       if (!p->defined()) continue;
+      p->storage()->mark_parameter();  // a parameter assigned anew since registration
       bool seen = false;
       for (auto& [n, q] : out) seen = seen || q->same_storage(*p);
       if (!seen) out.emplace_back(prefix + name, p);
