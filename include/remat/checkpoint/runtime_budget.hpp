@@ -97,8 +97,10 @@ struct BudgetLog {
   /// Discards a plan named that the step could not carry out (the step differed from the plan's).
   std::size_t plan_misses = 0;
   /// Whether the step began replaying the last step's decisions (a budget living across steps
-  /// reuses them while the ops repeat), and whether it went back to searching because they did not.
-  bool reused_plan = false, plan_abandoned = false;
+  /// reuses them while the ops repeat).
+  bool reused_plan = false;
+  /// Whether a step that began replaying went back to searching because its ops differed.
+  bool plan_abandoned = false;
   std::size_t peak_saved_bytes = 0;  ///< of this thread's saved activation bytes during the step
   /// When the step did not fit: the budget its decisions (this log) fit, measured; else 0.
   std::size_t least_feasible = 0;
