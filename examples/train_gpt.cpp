@@ -6,7 +6,7 @@
 //             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB] [--precision fp32|bf16]
-//             [--compare-curve LABEL:PATH]
+//             [--compare-curve LABEL:PATH] [--memory BYTES] [--micro-batch N]
 //             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
 //
 // --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
@@ -41,6 +41,15 @@
 //
 // --compare-curve LABEL:PATH draws another run's loss curve (its .loss.csv) dashed in this run's
 // SVG, labelled LABEL: README's picture is a bf16 run with the fp32 run beside it.
+//
+// --memory 64MB fits the run in that much training memory (the library's books: weights, their
+// gradients, the AdamW state, and what a micro-batch's forward and backward allocate):
+// remat::fit_in_memory measures the policies (and a MemoryBudget) on a fixed batch, prints what it
+// predicted and measured, and the run takes the fastest setting that fits — a policy, or a budget
+// over the activations, and a micro-batch that divides --batch, its gradients accumulated over
+// the rest. Sizes take B, KB/KiB, MB/MiB, GB/GiB (all 1024-based). --micro-batch N sets the
+// micro-batch by hand. The training stream is unchanged by the fit: --memory's choice, given as
+// --policy and --micro-batch, trains to the same bits.
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.
@@ -89,6 +98,9 @@ struct Options {
   std::int64_t save_every = 0, die_after = 0;
   std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks
   std::string state, resume, losses, trace;
+  std::string memory;            ///< --memory: the cap remat::fit_in_memory fits the run into
+  std::int64_t micro_batch = 0;  ///< rows per forward and backward; 0: the whole batch
+  bool policy_given = false;     ///< --policy on the command line (excludes --memory)
 
   /// Whether forwards run under remat::autocast (--precision bf16).
   bool bf16() const { return precision == "bf16"; }
@@ -98,6 +110,21 @@ struct Options {
 std::string without_safetensors(std::string path) {
   if (const auto dot = path.rfind(".safetensors"); dot != std::string::npos) path.erase(dot);
   return path;
+}
+
+/// "64MB", "1.5GiB", "4096": a size in bytes (KB, MB, GB are 1024-based, as KiB, MiB, GiB).
+std::size_t parse_bytes(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  std::string unit(end);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::map<std::string, double> scale{{"", 1}, {"B", 1}, {"KB", 1024.0}, {"KIB", 1024.0},
+                                            {"MB", 1024.0 * 1024}, {"MIB", 1024.0 * 1024},
+                                            {"GB", 1024.0 * 1024 * 1024}, {"GIB", 1024.0 * 1024 * 1024}};
+  const auto it = scale.find(unit);
+  REMAT_CHECK(end != text.c_str() && v > 0 && it != scale.end() && v * it->second < 1e18,
+              "train_gpt: --memory takes a positive size such as 64MB, 1.5GB or 4096 (bytes), got '{}'", text);
+  return static_cast<std::size_t>(v * it->second);
 }
 
 Options parse(int argc, char** argv) {
@@ -134,7 +161,10 @@ Options parse(int argc, char** argv) {
   };
   take_string("data", o.data);
   take_string("out", o.out);
+  o.policy_given = kv.count("policy") > 0;
   take_string("policy", o.policy);
+  take_string("memory", o.memory);
+  take_int("micro-batch", o.micro_batch);
   take_string("precision", o.precision);
   take_string("compare-curve", o.compare_curve);
   take_int("layers", o.layers);
@@ -171,6 +201,12 @@ Options parse(int argc, char** argv) {
 
   REMAT_CHECK(o.steps > 0 && o.batch > 0 && o.context > 1 && o.log_every > 0, "train_gpt: steps, batch, log-every "
               "must be positive and context above 1");
+  REMAT_CHECK(o.memory.empty() || !o.policy_given, "train_gpt: --memory chooses the policy; give it or --policy, not both");
+  REMAT_CHECK(o.memory.empty() || o.micro_batch == 0,
+              "train_gpt: --memory chooses the micro-batch; give it or --micro-batch, not both");
+  if (o.micro_batch == 0) o.micro_batch = o.batch;
+  REMAT_CHECK(o.micro_batch > 0 && o.batch % o.micro_batch == 0,
+              "train_gpt: --micro-batch {} must be positive and divide --batch {}", o.micro_batch, o.batch);
   return o;
 }
 
@@ -546,7 +582,10 @@ void print_run_header(const Options& opt, const Ranks& ranks, const Corpus& corp
              corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
   fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads, "
              "policy {}, precision {}\n", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, model.num_parameters(),
-             opt.batch, opt.steps, opt.lr, get_num_threads(), opt.policy, opt.precision);
+             opt.micro_batch < opt.batch ? fmt::format("{} (micro-batches of {}, gradients accumulated)", opt.batch,
+                                                       opt.micro_batch)
+                                         : std::to_string(opt.batch),
+             opt.steps, opt.lr, get_num_threads(), opt.policy, opt.precision);
 }
 
 /// Everything the loop carries from one step to the next, besides model and optimizer: what
@@ -628,17 +667,37 @@ struct StepResult {
 };
 
 /// One optimizer step. With bf16, forward runs under autocast and backward outside it (PyTorch's
-/// pattern); the master weights, gradients and optimizer state are float32 either way.
+/// pattern); the master weights, gradients and optimizer state are float32 either way. With a
+/// micro-batch below the batch, each micro-batch's loss, scaled by its share of the batch, runs
+/// backward in turn and the gradients accumulate.
 StepResult train_step(nn::GPT& model, DataParallelism& parallel, double lr, bool bf16, const LongTensor& x,
-                      const LongTensor& y) {
+                      const LongTensor& y, std::int64_t micro_batch) {
   parallel.optimizer().set_lr(lr);
+  micro_batch = std::min(micro_batch, x.shape()[0]);  // a rank's rows are its share of the batch
+  const std::int64_t accumulation = x.shape()[0] / micro_batch;
   Tensor loss;
-  {
-    const autocast precision(bf16);
-    loss = model.loss(x, y);
+  std::size_t saved_at_forward_end = 0;
+  if (accumulation == 1) {
+    {
+      const autocast precision(bf16);
+      loss = model.loss(x, y);
+    }
+    saved_at_forward_end = memory_stats().saved_bytes;
+    loss.backward();
+  } else {
+    double sum = 0;
+    for (std::int64_t k = 0; k < accumulation; ++k) {
+      Tensor part;
+      {
+        const autocast precision(bf16);
+        part = model.loss(rows(x, k * micro_batch, micro_batch), rows(y, k * micro_batch, micro_batch));
+      }
+      saved_at_forward_end = std::max(saved_at_forward_end, memory_stats().saved_bytes);
+      (part * (1.0f / static_cast<float>(accumulation))).backward();
+      sum += static_cast<double>(part.item());
+    }
+    loss = scalar(static_cast<float>(sum / static_cast<double>(accumulation)));
   }
-  const std::size_t saved_at_forward_end = memory_stats().saved_bytes;
-  loss.backward();
   parallel.clip_gradients();
   parallel.optimizer().step();
   parallel.optimizer().zero_grad();
@@ -763,11 +822,35 @@ int verdict(const Options& opt, const Corpus& corpus, double held_out, const Sam
   return opt.check && !(learned && readable) ? 1 : 0;
 }
 
+/// --memory: the setting that trains fastest within the cap, measured on a batch of its own (so
+/// the training stream is the run's without --memory), printed; the options take its policy and
+/// micro-batch, and its budget (if it chose one) is returned.
+std::optional<std::size_t> fit_memory(nn::GPT& model, Options& opt, const Ranks& ranks, const Corpus& corpus,
+                                      std::size_t split) {
+  if (opt.memory.empty()) return std::nullopt;
+  REMAT_CHECK(ranks.count == 1, "train_gpt: --memory fits one process's training; it does not run under mpirun yet");
+  Generator fit_gen(static_cast<std::uint64_t>(opt.seed) + 2000);
+  const auto [x, y] = batch(corpus.ids, 0, split, opt.batch, opt.context, fit_gen);
+  FitOptions fit;
+  fit.memory_bytes = parse_bytes(opt.memory);
+  fit.global_batch = opt.batch;
+  const FitChoice choice = fit_in_memory(model, [&, x = x, y = y](std::int64_t n) {
+    const autocast precision(opt.bf16());
+    return model.loss(rows(x, 0, n), rows(y, 0, n));
+  }, fit);
+  fmt::print("{}", choice.str());
+  fmt::print("fit: {:.0f} tokens/s predicted, {:.0f} measured (rows/s x context {})\n",
+             choice.predicted_rows_per_s * static_cast<double>(opt.context),
+             choice.measured_rows_per_s * static_cast<double>(opt.context), opt.context);
+  opt.policy = choice.setting == "budget" ? "none" : choice.setting;
+  opt.micro_batch = choice.micro_batch;
+  return choice.activation_budget;
+}
+
 /// The whole run; each line below is one part of it, defined above.
 int train(int argc, char** argv, World* world) {
-  const Options opt = parse(argc, argv);
+  Options opt = parse(argc, argv);
   const Ranks ranks = join_ranks(opt, world);
-  const Checkpointing checkpointing = policy::parse(opt.policy);
   const Corpus corpus = load(opt.data);
   const std::size_t split = training_split(corpus, opt);
 
@@ -779,6 +862,10 @@ int train(int argc, char** argv, World* world) {
   optim::AdamW adamw(groups, adamw_options(opt));
   const optim::WarmupCosine schedule = lr_schedule(opt);
 
+  const std::optional<std::size_t> activation_budget = fit_memory(model, opt, ranks, corpus, split);
+  REMAT_CHECK(ranks.count == 1 || opt.micro_batch == opt.batch,
+              "train_gpt: --micro-batch accumulates one process's gradients; it does not run under mpirun yet");
+  const Checkpointing checkpointing = policy::parse(opt.policy);
   const MemoryComparison memory = set_up_checkpointing(model, checkpointing, opt, corpus, split, gen);
   DataParallelism parallel(world, ranks, model, adamw, groups, adamw_options(opt), opt.zero != 0);
   print_run_header(opt, ranks, corpus, cfg, model);
@@ -786,13 +873,15 @@ int train(int argc, char** argv, World* world) {
   ProgressReport progress(opt);
   History history;
   const std::int64_t first_step = opt.resume.empty() ? 0 : resume(opt, gen, history, model, parallel.optimizer());
+  std::optional<MemoryBudget> budget;  // one across the steps: it replays its plan while they repeat
+  if (activation_budget) budget.emplace(*activation_budget);
   for (std::int64_t step = first_step; step < opt.steps; ++step) {
     reset_peak_memory_stats();
     std::optional<Trace> trace;
     if (!opt.trace.empty() && step == first_step) trace.emplace(opt.trace);
     // The batch and the loss stay alive until the step is reported: the reported peak includes them.
     auto [x, y] = next_batch(corpus, split, opt, ranks, gen);
-    const StepResult result = train_step(model, parallel, schedule(step), opt.bf16(), x, y);
+    const StepResult result = train_step(model, parallel, schedule(step), opt.bf16(), x, y, opt.micro_batch);
     if (trace) {
       trace->stop();
       fmt::print("timeline of step {} written to {} (peak saved for backward {})\n", step + 1, opt.trace,
@@ -811,6 +900,7 @@ int train(int argc, char** argv, World* world) {
       std::raise(SIGKILL);
     }
   }
+  budget.reset();
   write_losses(opt, history.losses);
   progress.finish();
   if (ranks.rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file

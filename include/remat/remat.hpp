@@ -32,6 +32,7 @@
 #include "remat/checkpoint/checkpoint.hpp"
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
+#include "remat/checkpoint/fit.hpp"
 #include "remat/checkpoint/runtime_budget.hpp"
 #include "remat/checkpoint/online.hpp"
 #include "remat/checkpoint/replay.hpp"

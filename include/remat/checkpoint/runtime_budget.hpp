@@ -9,8 +9,9 @@
 // it again (the op's own compute, holding its inputs and, for a random op, the generator state it
 // drew at). Before bytes join the saved-for-backward books, the budget discards registered outputs
 // until they fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x
-// staleness) goes first — and a discarded output is recomputed, its discarded inputs first, when
-// something reads it. Leaves, parameters, tensors the user holds and tensors an op or a backward is
+// staleness) goes first, searched through an index of the candidates by class of cost per byte
+// (choose()) — and a discarded output is recomputed, its discarded inputs first, when something
+// reads it. Leaves, parameters, tensors the user holds and tensors an op or a backward is
 // reading are never discarded. The inputs a recomputation would read cost nothing while something
 // else holds them; once only recomputations do, a rebuildable one is let go (released: rebuilt
 // in turn if a recomputation needs it) and any other is counted as saved. So a budget at or above
@@ -24,14 +25,19 @@
 // same, and the next step can retry with that budget.
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -94,6 +100,8 @@ struct BudgetLog {
   double recomputed_flops = 0;
   /// Searches for what to discard (the run-time heuristic). A step replaying a plan makes none.
   std::size_t decisions = 0;
+  /// The wall time those searches took, in seconds.
+  double search_seconds = 0;
   /// Discards a plan named that the step could not carry out (the step differed from the plan's).
   std::size_t plan_misses = 0;
   /// Whether the step began replaying the last step's decisions (a budget living across steps
@@ -155,7 +163,8 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   explicit MemoryBudget(std::size_t bytes) : budget_(bytes), limit_(bytes), owner_(std::this_thread::get_id()) {
     REMAT_CHECK(detail::active_residency() == nullptr,
                 "MemoryBudget: another budget is active on this thread; budgets do not nest");
-    detail::active_residency() = this;
+    slot_ = &detail::active_residency();
+    *slot_ = this;
     begin_step();
   }
   /// A budget that replays `plan` (from an earlier step's log) instead of searching.
@@ -165,7 +174,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   }
 
   ~MemoryBudget() override {
-    detail::active_residency() = nullptr;
+    // Its own thread's slot, wherever it ends: one destroyed on another thread (handed over in a
+    // holder) must not leave its thread pointing at freed memory.
+    if (*slot_ == this) *slot_ = nullptr;
     closing_ = true;
     prune();
     // What is still registered is needed by a graph kept for another backward (or never run):
@@ -181,6 +192,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
             // Left discarded: reading it later is a remat::Error (memory.hpp), not a crash.
           }
         }
+    index_.clear();
     auto entries = std::move(entries_);
     entries_.clear();
     for (auto& [storage, entry] : entries) const_cast<detail::Storage*>(storage)->attach(nullptr);
@@ -228,8 +240,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       if (s->serial() < how.first_new_serial || s->residency() != nullptr || s->bytes() == 0) continue;
       recipe->outputs[i] = values[i].storage;
       recipe->versions[i] = s->version();
-      entries_[s] = Entry{recipe, i, now};
-      s->attach(this);
+      auto entry = entries_.insert_or_assign(s, Entry{recipe, i, now}).first;
+      s->attach(this);  // a candidate once something saves it (make_room)
+      if (s->saved_refs() > 0) index(*entry);
       any = true;
     }
     by_index_.push_back(recipe);
@@ -258,7 +271,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       }
       read->second.readers.push_back(recipe);
       if (fresh) pending_.insert(in.get());
-      if (auto it = entries_.find(in.get()); it != entries_.end()) it->second.last_use = now;
+      if (auto it = entries_.find(in.get()); it != entries_.end()) touch(*it, now);
     }
     sweep(nullptr);
   }
@@ -272,13 +285,15 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
 
   /// Residency: a backward is about to read `s` (a use, for staleness).
   void used(detail::Storage& s) override {
-    if (auto it = entries_.find(&s); it != entries_.end()) it->second.last_use = ++clock_;
+    if (auto it = entries_.find(&s); it != entries_.end()) touch(*it, ++clock_);
     sweep(&s);
   }
 
   /// Residency: no saved record holds `s` now; if only recomputations do, the next sweep lets it go.
   void unsaved(detail::Storage& s) override {
-    if (!closing_ && reads_.count(&s)) pending_.insert(&s);
+    if (closing_) return;
+    if (auto it = entries_.find(&s); it != entries_.end()) unindex(*it);  // not saved: nothing to discard
+    if (reads_.count(&s)) pending_.insert(&s);
   }
 
   /// Residency: `s` is being destroyed; its recipe goes with it.
@@ -287,6 +302,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     reads_.erase(&s);
     pending_.erase(&s);
     keep_.erase(&s);
+    if (auto it = entries_.find(&s); it != entries_.end()) unindex(*it);
     auto node = entries_.extract(&s);  // the recipe (and what it holds) may go when `node` does
   }
 
@@ -300,6 +316,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   void make_room(std::size_t bytes, const detail::Storage* incoming) override {
     if (closing_) return;
     sweep(incoming);
+    // Saved from now on, so a candidate (a rebuilt one is indexed when its bytes are back).
+    if (incoming && incoming->resident())
+      if (auto it = entries_.find(incoming); it != entries_.end() && !it->second.indexed) index(*it);
     const std::size_t moment = moment_++;
     std::size_t saved = books_->saved_bytes();
     if (plan_) {
@@ -317,7 +336,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     }
     while (saved + bytes > limit_) {
       ++log_.decisions;
+      const auto searching = std::chrono::steady_clock::now();
       detail::Storage* victim = choose(incoming);
+      log_.search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - searching).count();
       if (!victim) {
         // Nothing left to discard: the step needs more than the budget. Go on (the gradients stay
         // exact) under a limit raised to what this moment needed, so the rest of the step costs
@@ -374,7 +395,11 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     std::shared_ptr<Recipe> recipe;
     std::size_t output = 0;
     std::uint64_t last_use = 0;
+    double cost = 0;       // what rebuilding it would cost now (cost()), kept current while indexed
+    int bucket = 0;        // its class of cost per byte in the index
+    bool indexed = false;  // a candidate: saved, resident, registered
   };
+  using EntryRef = std::pair<const detail::Storage* const, Entry>;
 
   /// Register what ops compute for a graph being recorded: the forward, and a replay's nested tape
   /// (not what a backward function computes for its gradients).
@@ -419,24 +444,100 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     return w.use_count() == s.saved_refs() + s.bookkeeping_refs();
   }
 
-  detail::Storage* choose(const detail::Storage* incoming) const {
+  /// The candidate with the least DTR score, cost / (bytes x staleness), searched through the index:
+  /// candidates are kept in classes of cost per byte (each class within kClassWidth of its
+  /// neighbours) and, inside a class, oldest use first; so the oldest discardable candidate of each
+  /// class is the best of its class up to that width, and a decision looks at one candidate per
+  /// class instead of every registered output. Ties go to the earliest op, whatever the addresses.
+  detail::Storage* choose(const detail::Storage* incoming) {
     detail::Storage* best = nullptr;
     double best_score = std::numeric_limits<double>::infinity();
-    std::pair<std::size_t, std::size_t> best_key{};
-    CostMemo memo;
-    for (const auto& [ptr, e] : entries_) {
-      auto* s = const_cast<detail::Storage*>(ptr);
-      if (!discardable(*s, e, e.recipe->outputs[e.output], incoming)) continue;
-      const double staleness = static_cast<double>(clock_ - e.last_use + 1);
-      const double score = cost(*e.recipe, memo) / (static_cast<double>(s->bytes()) * staleness);
-      const std::pair<std::size_t, std::size_t> key{e.recipe->order, e.output};
-      if (score < best_score || (score == best_score && key < best_key)) {
-        best = s;
-        best_score = score;
-        best_key = key;
+    std::pair<std::uint64_t, std::size_t> best_key{};
+    for (auto cls = index_.begin(); cls != index_.end();) {
+      std::set<Slot>& slots = cls->second;
+      for (auto it = slots.begin(); it != slots.end();) {
+        auto* s = const_cast<detail::Storage*>(it->storage);
+        if (s == incoming) {
+          ++it;  // saved the moment this room is made
+          continue;
+        }
+        Entry& e = entries_.find(s)->second;
+        if (!s->resident() || s->saved_refs() == 0 || s->version() != e.recipe->versions[e.output]) {
+          e.indexed = false;  // not a candidate until saved (or rebuilt) again; written in place: never
+          it = slots.erase(it);
+          continue;
+        }
+        if (!discardable(*s, e, e.recipe->outputs[e.output], incoming)) {
+          ++it;  // held for now by a user, an op or a backward
+          continue;
+        }
+        const double staleness = static_cast<double>(clock_ - e.last_use + 1);
+        const double score = e.cost / (static_cast<double>(s->bytes()) * staleness);
+        const std::pair<std::uint64_t, std::size_t> key{e.recipe->order, e.output};
+        if (score < best_score || (score == best_score && key < best_key)) {
+          best = s;
+          best_score = score;
+          best_key = key;
+        }
+        break;
       }
+      cls = slots.empty() ? index_.erase(cls) : std::next(cls);
     }
     return best;
+  }
+
+  /// Width of a class of cost per byte in the index: the search's choice is DTR's within this factor.
+  static constexpr double kClassWidth = 1.02;
+
+  /// Makes a registered, saved, resident output a candidate (again), at its current cost.
+  void index(EntryRef& ref) {
+    Entry& e = ref.second;
+    if (e.indexed) unindex(ref);
+    CostMemo memo;
+    e.cost = cost(*e.recipe, memo);
+    e.bucket = static_cast<int>(std::floor(std::log(e.cost / static_cast<double>(ref.first->bytes())) /
+                                           std::log(kClassWidth)));
+    index_[e.bucket].insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+    e.indexed = true;
+  }
+  void unindex(EntryRef& ref) {
+    Entry& e = ref.second;
+    if (!e.indexed) return;
+    auto cls = index_.find(e.bucket);
+    cls->second.erase(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+    if (cls->second.empty()) index_.erase(cls);
+    e.indexed = false;
+  }
+  /// A use of a registered output: staleness restarts.
+  void touch(EntryRef& ref, std::uint64_t now) {
+    Entry& e = ref.second;
+    if (!e.indexed) {
+      e.last_use = now;
+      return;
+    }
+    auto cls = index_.find(e.bucket);
+    cls->second.erase(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+    e.last_use = now;
+    cls->second.insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+  }
+  /// `s` went away or came back: what rebuilding each candidate computed from it (through outputs
+  /// that are away, recursively) would cost has changed.
+  void recost_readers(const detail::Storage& s) {
+    std::unordered_set<const detail::Storage*> seen{&s};
+    std::vector<const detail::Storage*> todo{&s};
+    while (!todo.empty()) {
+      const detail::Storage* from = todo.back();
+      todo.pop_back();
+      for (const auto& recipe : readers_of(*from))
+        for (const auto& w : recipe->outputs) {
+          auto o = w.lock();
+          if (!o || !seen.insert(o.get()).second) continue;
+          auto it = entries_.find(o.get());
+          if (it == entries_.end()) continue;
+          if (!o->resident()) todo.push_back(o.get());
+          else if (it->second.indexed) index(*it);
+        }
+    }
   }
 
   detail::Storage* planned(const DiscardPlan::Discard& d, const detail::Storage* incoming) const {
@@ -534,6 +635,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     for (const auto& recipe : readers_of(s))
       for (const auto& w : recipe->outputs)
         if (auto o = w.lock(); o && o->residency() == this) {
+          if (auto it = entries_.find(o.get()); it != entries_.end()) unindex(*it);
           entries_.erase(o.get());
           o->attach(nullptr);
           if (!o->resident()) cut(*o);
@@ -547,7 +649,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// Frees a registered output's bytes (hashed first under checking, to verify its rebuild).
   void forget_bytes(detail::Storage& s) {
     if (detail::session().check_replay_values) hashes_[&s] = detail::fnv1a(s.raw_data(), s.bytes());
+    if (auto it = entries_.find(&s); it != entries_.end()) unindex(*it);
     s.discard();
+    recost_readers(s);
   }
 
   void discard(detail::Storage& s, std::size_t moment) {
@@ -607,7 +711,11 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
                                             "its first computation; the op depends on state that changed since",
                                             i, r->op.name()));
       }
-      if (auto e = entries_.find(o); e != entries_.end()) e->second.last_use = now;
+      if (auto e = entries_.find(o); e != entries_.end()) {
+        touch(*e, now);
+        if (o->saved_refs() > 0 && !e->second.indexed) index(*e);
+      }
+      recost_readers(*o);
       log_.events.push_back({BudgetEvent::Kind::recompute, moment_, r->index, i, r->op.name(), o->bytes(), r->flops});
       ++log_.recomputes;
       log_.recomputed_flops += r->flops;
@@ -655,6 +763,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     for (const auto& r : drop)
       for (const auto& w : r->outputs)
         if (auto s = w.lock(); s && s->residency() == this) {
+          if (auto it = entries_.find(s.get()); it != entries_.end()) unindex(*it);
           entries_.erase(s.get());
           s->attach(nullptr);
         }
@@ -720,12 +829,23 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
   std::size_t limit_;      // the budget, raised to least_ after an overflow
   std::thread::id owner_;
+  detail::Residency** slot_ = nullptr;  // the owner thread's active residency
   std::optional<DiscardPlan> plan_;
   bool given_plan_ = false;  // plan_ is the user's (MemoryBudget(plan)), not the last step's
   bool reusing_ = false;     // plan_ is the last step's, replayed while the ops repeat
   std::vector<std::uint64_t> ops_, last_ops_;  // this step's and the last one's op sequence
   std::size_t next_planned_ = 0;
   std::unordered_map<const detail::Storage*, Entry> entries_;
+  // The candidates for discarding, by class of cost per byte, oldest use first within a class.
+  struct Slot {
+    std::uint64_t last_use, order;
+    std::size_t output;
+    const detail::Storage* storage;
+    bool operator<(const Slot& o) const {
+      return std::tie(last_use, order, output) < std::tie(o.last_use, o.order, o.output);
+    }
+  };
+  std::map<int, std::set<Slot>> index_;
   std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order
   std::unordered_map<const detail::Storage*, std::uint64_t> hashes_;  // under checkpoint checking
   // Every storage a recipe reads (parameters apart) with the recipes reading it, those of them

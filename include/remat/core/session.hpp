@@ -113,7 +113,9 @@ struct SlotKind<std::vector<V, A>> {
 /// RAII: installs a value into one slot of this thread's session for its lifetime. For a value
 /// slot it sets the value and puts the previous one back; for a stack slot (observers, saved-tensor
 /// hooks, tapes) it pushes an entry and removes that entry again, the newest copy of it, so a
-/// scope that ends out of order still leaves no dangling entry.
+/// scope that ends out of order still leaves no dangling entry. It ends in the session it began in,
+/// on whichever thread it is destroyed (a scope object handed over in a holder), so the thread that
+/// installed it is not left pointing at it.
 ///
 ///   detail::Install<&detail::Session::grad_enabled> no_grad(false);
 template <auto Member>
@@ -125,8 +127,8 @@ class Install {
  public:
   /// Sets the slot to `value` (a value slot) or pushes `value` (a stack slot).
   template <class U>
-  explicit Install(U&& value) {
-    Slot& slot = session().*Member;
+  explicit Install(U&& value) : owner_(&session()) {
+    Slot& slot = owner_->*Member;
     if constexpr (kStack) {
       kept_ = std::forward<U>(value);
       slot.push_back(kept_);
@@ -135,7 +137,7 @@ class Install {
     }
   }
   ~Install() {
-    Slot& slot = session().*Member;
+    Slot& slot = owner_->*Member;
     if constexpr (kStack) {
       for (auto it = slot.end(); it != slot.begin();)
         if (*--it == kept_) {
@@ -153,6 +155,7 @@ class Install {
   const Kept& kept() const { return kept_; }
 
  private:
+  Session* owner_;
   Kept kept_{};
 };
 
