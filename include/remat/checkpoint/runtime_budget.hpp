@@ -493,8 +493,14 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   void index(EntryRef& ref) {
     Entry& e = ref.second;
     if (e.indexed) unindex(ref);
-    CostMemo memo;
-    e.cost = cost(*e.recipe, memo);
+    // Its recipe's own weight while every input is here (the usual case), else with what is away.
+    const auto& reads = e.recipe->how.reads;
+    if (std::all_of(reads.begin(), reads.end(), [](const auto& in) { return in->resident(); })) {
+      e.cost = e.recipe->weight;
+    } else {
+      CostMemo memo;
+      e.cost = cost(*e.recipe, memo);
+    }
     e.bucket = static_cast<int>(std::floor(std::log(e.cost / static_cast<double>(ref.first->bytes())) /
                                            std::log(kClassWidth)));
     index_[e.bucket].insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
@@ -523,20 +529,26 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// `s` went away or came back: what rebuilding each candidate computed from it (through outputs
   /// that are away, recursively) would cost has changed.
   void recost_readers(const detail::Storage& s) {
-    std::unordered_set<const detail::Storage*> seen{&s};
-    std::vector<const detail::Storage*> todo{&s};
+    // Small: the readers of one storage, and whatever is away beyond them (a linear seen list).
+    std::vector<const detail::Storage*> seen{&s}, todo{&s};
     while (!todo.empty()) {
       const detail::Storage* from = todo.back();
       todo.pop_back();
-      for (const auto& recipe : readers_of(*from))
+      const auto read = reads_.find(from);
+      if (read == reads_.end()) continue;
+      for (const auto& reader : read->second.readers) {
+        const std::shared_ptr<Recipe> recipe = reader.lock();
+        if (!recipe) continue;
         for (const auto& w : recipe->outputs) {
           auto o = w.lock();
-          if (!o || !seen.insert(o.get()).second) continue;
+          if (!o || std::find(seen.begin(), seen.end(), o.get()) != seen.end()) continue;
+          seen.push_back(o.get());
           auto it = entries_.find(o.get());
           if (it == entries_.end()) continue;
           if (!o->resident()) todo.push_back(o.get());
           else if (it->second.indexed) index(*it);
         }
+      }
     }
   }
 
