@@ -1,5 +1,7 @@
 #include "checkpoint/support_checkpoint.hpp"
 
+#include <type_traits>
+
 #include <optional>
 
 #include <remat/checkpoint/runtime_budget.hpp>
@@ -128,6 +130,9 @@ void sweep(Model& model, const std::function<Tensor()>& loss_fn, int steps) {
 }
 
 }  // namespace
+
+// DiscardPlan's earlier name stays a name of the namespace (it was once only a member alias).
+static_assert(std::is_same_v<remat::RematPlan, remat::DiscardPlan>);
 
 TEST_CASE("memory budget: a U-Net-like model with skips, from the free peak to the least feasible budget",
           "[budget][memory]") {
