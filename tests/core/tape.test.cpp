@@ -1,3 +1,6 @@
+#include <future>
+#include <thread>
+
 #include "support.hpp"
 
 using namespace remat;
@@ -25,6 +28,23 @@ TEST_CASE("backward: a non-scalar output needs a gradient of its shape", "[core]
 TEST_CASE("backward: a tensor that does not require grad cannot be backpropagated", "[core][tape]") {
   const Tensor x = ones({1});
   REQUIRE_ERROR(x.backward(), "does not require grad");
+}
+
+TEST_CASE("backward: a graph recorded on another thread is refused, saying so", "[core][tape]") {
+  Tensor x = ones({2}).requires_grad_();
+  Tensor loss;
+  std::promise<void> recorded, tried;
+  // The recording thread lives on (its tape too) while this thread tries the backward.
+  std::thread recorder([&] {
+    loss = sum(exp(x));
+    recorded.set_value();
+    tried.get_future().wait();
+  });
+  recorded.get_future().wait();
+  CHECK_THROWS_WITH(loss.backward(), Catch::Contains("not on this thread's tapes") && Catch::Contains("another thread"));
+  tried.set_value();
+  recorder.join();
+  CHECK_FALSE(x.grad().defined());
 }
 
 TEST_CASE("backward: a second backward through a freed graph throws, retain_graph allows it", "[core][tape]") {

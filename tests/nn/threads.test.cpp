@@ -2,7 +2,10 @@
 // cross-entropy rows, column sums) give the same bits under every team OpenMP may give them: other
 // thread counts, a dynamic team, inside a user's own parallel region, and from two user threads
 // at once. CTest also runs this file's cases under OMP_THREAD_LIMIT=1, OMP_DYNAMIC=true and
-// OMP_NUM_THREADS=3. (GEMMs are left out: their bits follow the team size, see README, Threads.)
+// OMP_NUM_THREADS=3. (A single GEMM is left out: Eigen's bits follow the team size, see README,
+// Threads; two small products run at once, one per thread, give the one-thread bits.)
+#include <atomic>
+#include <optional>
 #include <thread>
 
 #ifdef _OPENMP
@@ -70,4 +73,60 @@ TEST_CASE("threads: splitting kernels give the same bits on any team OpenMP give
   tb.join();
   CHECK(a == expected);
   CHECK(b == expected);
+}
+
+namespace {
+
+/// The gradients of a small linear layer (bias too) and of a 2-D matmul whose operands both need
+/// one: their two products run at once, one per thread, when the kernels have two threads.
+template <class T>
+std::vector<std::vector<T>> product_gradients(bool bf16) {
+  std::vector<std::vector<T>> out;
+  Generator gen(5);
+  BasicTensor<T> x = randn<T>({48, 40}, gen).requires_grad_();
+  BasicTensor<T> w = randn<T>({24, 40}, gen).requires_grad_();
+  BasicTensor<T> b = randn<T>({24}, gen).requires_grad_();
+  BasicTensor<T> m = randn<T>({24, 16}, gen).requires_grad_();
+  {
+    std::optional<autocast> guard;
+    if (bf16) guard.emplace();
+    BasicTensor<T> y = matmul(tanh(linear(x, w, b)), m);
+    sum(y * y).backward();
+  }
+  for (const BasicTensor<T>* t : {&x, &w, &b, &m}) out.push_back(t->grad().to_vector());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("threads: a layer's input and weight gradients computed at once give the one-thread bits", "[threads]") {
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  const auto f32 = product_gradients<float>(false), bf16 = product_gradients<float>(true);
+  const auto f64 = product_gradients<double>(false);
+  for (const int t : {2, 3}) {
+    INFO(t << " threads");
+    set_num_threads(t);
+    CHECK(product_gradients<float>(false) == f32);
+    CHECK(product_gradients<double>(false) == f64);
+    CHECK(product_gradients<float>(true) == bf16);
+  }
+  set_num_threads(threads);
+}
+
+TEST_CASE("threads: concurrently runs both parts once and rethrows a failure on the calling thread", "[threads]") {
+  const int threads = get_num_threads();
+  for (const int t : {1, 2}) {
+    INFO(t << " threads");
+    set_num_threads(t);
+    std::atomic<int> first{0}, second{0};
+    concurrently([&] { ++first; }, [&] { ++second; });
+    CHECK(first == 1);
+    CHECK(second == 1);
+    bool other_ran = false;
+    REQUIRE_ERROR(concurrently([] { REMAT_CHECK(false, "first part failed"); }, [&] { other_ran = true; }),
+                  "first part failed");
+    CHECK(other_ran);
+  }
+  set_num_threads(threads);
 }

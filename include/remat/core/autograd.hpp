@@ -179,10 +179,15 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
   std::ptrdiff_t index = -1;
   if (!meta_->is_leaf()) {
     std::tie(tape, index) = detail::locate_node(meta_->node_id);
-    REMAT_CHECK(tape != nullptr && !meta_->history_freed,
+    REMAT_CHECK(!meta_->history_freed,
                 "backward: the graph that produced this tensor (shape {}) has already been freed — "
                 "backward ran through it before; pass retain_graph=true to the first backward to run "
                 "it twice", shape_);
+    // Not freed, yet on none of this thread's tapes: each thread records on its own.
+    REMAT_CHECK(tape != nullptr,
+                "backward: the graph that produced this tensor (shape {}) is not on this thread's tapes — "
+                "it was recorded on another thread; run backward on the thread whose forward recorded it",
+                shape_);
   }
   // Observers hear whether a backward is the outermost (a dry run inside one is not an end).
   const bool outermost = detail::session().backward_depth == 0;

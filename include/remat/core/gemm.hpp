@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
 
 #include "remat/core/error.hpp"
+#include "remat/core/threads.hpp"
 
 #ifdef REMAT_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -88,6 +90,24 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   }
 #endif
   eigen_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+/// Products of at most this many multiply-adds (M·N·K) gain little from splitting one across the
+/// threads: two independent ones run one per thread at once instead (gemm_pair).
+inline constexpr std::int64_t kConcurrentGemm = std::int64_t{1} << 24;
+
+/// Two independent products of `work` multiply-adds each (a layer's input and weight gradients):
+/// at once, one per thread, when they are small (remat::concurrently; each then has the one-thread
+/// bits), one after the other on every thread otherwise. first and second compute on buffers
+/// they were handed, nothing else.
+template <class F, class G>
+void gemm_pair(std::int64_t work, F first, G second) {
+  if (work <= kConcurrentGemm) {
+    concurrently(std::move(first), std::move(second));
+  } else {
+    first();
+    second();
+  }
 }
 
 /// C (float, m×n) = or += op(A) · op(B) with A and B in bfloat16 (row-major, leading dimensions as

@@ -21,7 +21,7 @@ namespace detail {
 template <class T>
 void apply_dropout_mask(const T* in, T* out, std::int64_t n, float p, T scale, Generator::State state) {
   const auto blocks = static_cast<std::int64_t>(uniform24_blocks(static_cast<std::uint64_t>(n)));
-  parallel_for(blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
+  parallel_for(blocks, kDropoutGrain / 4, [&](std::int64_t b0, std::int64_t b1) {
     for_each_uniform24_run(state, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
                            [in, out, p, scale](std::uint64_t i, const float* u, std::uint64_t m) {
                              const T* x = in + i;

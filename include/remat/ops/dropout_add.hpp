@@ -40,7 +40,7 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
       const T* pr = residual.cdata();
       T* po = out.data();
       const auto blocks = static_cast<std::int64_t>(detail::uniform24_blocks(static_cast<std::uint64_t>(n)));
-      parallel_for(blocks, 4096, [&](std::int64_t b0, std::int64_t b1) {
+      parallel_for(blocks, kDropoutGrain / 4, [&](std::int64_t b0, std::int64_t b1) {
         detail::for_each_uniform24_run(
             at_entry, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
             [ph, pr, po, threshold, scale](std::uint64_t i, const float* u, std::uint64_t m) {

@@ -44,15 +44,25 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
                 const BasicTensor<T>& g = ctx.grad_output();
                 const BasicTensor<E> ge = as_operand<E>(g);
                 const std::int64_t rows = xs.numel() / std::max<std::int64_t>(in, 1);
-                if (dx) {
-                  BasicTensor<T> gx(xs);
-                  gemm(false, false, rows, in, out, ge.cdata(), out, ctx.template saved<E>(0).cdata(), in, gx.data(), in);
+                const E* pg = ge.cdata();
+                const auto input_grad = [=](const E* w, T* gx) { gemm(false, false, rows, in, out, pg, out, w, in, gx, in); };
+                const auto weight_grad = [=](const E* x, T* gw) { gemm(true, false, out, in, rows, pg, out, x, in, gw, in); };
+                if (dx && dw) {  // both products of rows·in·out multiply-adds: a pair, at once when small
+                  BasicTensor<T> gx(xs), gw(Shape{out, in});
+                  const E* w = ctx.template saved<E>(0).cdata();
+                  const E* x = ctx.template saved<E>(1).cdata();
+                  T* pgx = gx.data();
+                  T* pgw = gw.data();
+                  gemm_pair(rows * in * out, [&] { input_grad(w, pgx); }, [&] { weight_grad(x, pgw); });
                   ctx.accumulate(0, std::move(gx));
-                }
-                if (dw) {
+                  ctx.accumulate(1, std::move(gw));
+                } else if (dx) {
+                  BasicTensor<T> gx(xs);
+                  input_grad(ctx.template saved<E>(0).cdata(), gx.data());
+                  ctx.accumulate(0, std::move(gx));
+                } else if (dw) {
                   BasicTensor<T> gw(Shape{out, in});
-                  gemm(true, false, out, in, rows, ge.cdata(), out, ctx.template saved<E>(dx ? 1 : 0).cdata(), in, gw.data(),
-                       in);
+                  weight_grad(ctx.template saved<E>(0).cdata(), gw.data());
                   ctx.accumulate(1, std::move(gw));
                 }
                 if (ctx.needs_grad(2)) {

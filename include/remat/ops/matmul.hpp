@@ -128,16 +128,22 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
           };
           if (fold) {
             const std::int64_t rows = sa.numel() / K;
-            if (da) {
-              BasicTensor<T> ga(sa);
-              grad_a(rows, dc.cdata(), bv.cdata(), ga.data(), false);
-              ctx.accumulate(0, std::move(ga));
-            }
-            if (db) {
-              BasicTensor<T> gb(sb);
-              grad_b(rows, dc.cdata(), av.cdata(), gb.data(), false);
-              ctx.accumulate(1, std::move(gb));
-            }
+            BasicTensor<T> ga = da ? BasicTensor<T>(sa) : BasicTensor<T>();
+            BasicTensor<T> gb = db ? BasicTensor<T>(sb) : BasicTensor<T>();
+            const E* pdc = dc.cdata();
+            const E* pbv = da ? bv.cdata() : nullptr;
+            const E* pav = db ? av.cdata() : nullptr;
+            T* pga = da ? ga.data() : nullptr;
+            T* pgb = db ? gb.data() : nullptr;
+            if (da && db)  // two products of rows·K·N multiply-adds: a pair, at once when small
+              detail::gemm_pair(rows * K * N, [&] { grad_a(rows, pdc, pbv, pga, false); },
+                                [&] { grad_b(rows, pdc, pav, pgb, false); });
+            else if (da)
+              grad_a(rows, pdc, pbv, pga, false);
+            else
+              grad_b(rows, pdc, pav, pgb, false);
+            if (da) ctx.accumulate(0, std::move(ga));
+            if (db) ctx.accumulate(1, std::move(gb));
             return;
           }
           BasicTensor<T> ga, gb;
