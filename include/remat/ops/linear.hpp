@@ -49,11 +49,13 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
                 const auto weight_grad = [=](const E* x, T* gw) { gemm(true, false, out, in, rows, pg, out, x, in, gw, in); };
                 if (dx && dw) {  // both products of rows·in·out multiply-adds: a pair, at once when small
                   BasicTensor<T> gx(xs), gw(Shape{out, in});
-                  const E* w = ctx.template saved<E>(0).cdata();
-                  const E* x = ctx.template saved<E>(1).cdata();
+                  // Held while the products run: a saved-tensor store's unpack may be a fresh copy.
+                  const BasicTensor<E> w = ctx.template saved<E>(0), x = ctx.template saved<E>(1);
+                  const E* pw = w.cdata();
+                  const E* px = x.cdata();
                   T* pgx = gx.data();
                   T* pgw = gw.data();
-                  gemm_pair(rows * in * out, [&] { input_grad(w, pgx); }, [&] { weight_grad(x, pgw); });
+                  gemm_pair(rows * in * out, [&] { input_grad(pw, pgx); }, [&] { weight_grad(px, pgw); });
                   ctx.accumulate(0, std::move(gx));
                   ctx.accumulate(1, std::move(gw));
                 } else if (dx) {
