@@ -6,7 +6,7 @@
 //             [--steps 850] [--lr 3e-3] [--dropout 0.0] [--seed 1] [--log-every 50]
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB] [--precision fp32|bf16]
-//             [--compare-curve LABEL:PATH] [--memory BYTES] [--micro-batch N]
+//             [--compare-curve LABEL:PATH] [--memory BYTES] [--micro-batch N] [--offload DIR] [--offload-min BYTES]
 //             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
 //
 // --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
@@ -50,6 +50,11 @@
 // the rest. Sizes take B, KB/KiB, MB/MiB, GB/GiB (all 1024-based). --micro-batch N sets the
 // micro-batch by hand. The training stream is unchanged by the fit: --memory's choice, given as
 // --policy and --micro-batch, trains to the same bits.
+//
+// --offload DIR writes the activations saved for backward of at least --offload-min bytes
+// (default 64KiB) to files under DIR while the forward runs, and reads them back ahead of the
+// backward (remat::Offload, remat/io/offload.hpp); the losses are bitwise those without it. The run
+// ends by printing what the store wrote, read and held.
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.
@@ -100,6 +105,8 @@ struct Options {
   std::string state, resume, losses, trace;
   std::string memory;            ///< --memory: the cap remat::fit_in_memory fits the run into
   std::int64_t micro_batch = 0;  ///< rows per forward and backward; 0: the whole batch
+  std::string offload;           ///< --offload DIR: saved activations written to files there
+  std::string offload_min = "64KiB";  ///< the smallest saved tensor offloaded
   bool policy_given = false;     ///< --policy on the command line (excludes --memory)
 
   /// Whether forwards run under remat::autocast (--precision bf16).
@@ -167,6 +174,8 @@ Options parse(int argc, char** argv) {
   take_int("micro-batch", o.micro_batch);
   take_string("precision", o.precision);
   take_string("compare-curve", o.compare_curve);
+  take_string("offload", o.offload);
+  take_string("offload-min", o.offload_min);
   take_int("layers", o.layers);
   take_int("width", o.width);
   take_int("heads", o.heads);
@@ -848,6 +857,17 @@ std::optional<std::size_t> fit_memory(nn::GPT& model, Options& opt, const Ranks&
 }
 
 /// The whole run; each line below is one part of it, defined above.
+/// What --offload's store did over the run.
+void print_offload(const OffloadStats& s, const std::string& dir) {
+  fmt::print("offload to {}: {} tensors written ({}, {} failed), {} read back ({} late), {} declined; "
+             "held in RAM at most {}, on disk at most {}; I/O thread {:.2f} s writing, {:.2f} s reading; "
+             "backward waited {:.3f} s{}\n",
+             dir, s.files_written, human_bytes(s.bytes_written), s.write_failures, s.reads, s.late_reads, s.declined,
+             human_bytes(s.peak_ram_bytes), human_bytes(s.peak_disk_bytes), s.write_seconds, s.read_seconds,
+             s.wait_seconds, s.direct_io ? " (O_DIRECT)" : "");
+  if (!s.first_write_error.empty()) fmt::print("offload: {}\n", s.first_write_error);
+}
+
 int train(int argc, char** argv, World* world) {
   Options opt = parse(argc, argv);
   const Ranks ranks = join_ranks(opt, world);
@@ -875,6 +895,13 @@ int train(int argc, char** argv, World* world) {
   const std::int64_t first_step = opt.resume.empty() ? 0 : resume(opt, gen, history, model, parallel.optimizer());
   std::optional<MemoryBudget> budget;  // one across the steps: it replays its plan while they repeat
   if (activation_budget) budget.emplace(*activation_budget);
+  std::optional<Offload> offload;  // one across the steps: one I/O thread, one directory
+  if (!opt.offload.empty()) {
+    OffloadOptions o;
+    o.directory = opt.offload;
+    o.min_bytes = parse_bytes(opt.offload_min);
+    offload.emplace(o);
+  }
   for (std::int64_t step = first_step; step < opt.steps; ++step) {
     reset_peak_memory_stats();
     std::optional<Trace> trace;
@@ -901,6 +928,8 @@ int train(int argc, char** argv, World* world) {
     }
   }
   budget.reset();
+  if (offload) print_offload(offload->stats(), offload->directory());
+  offload.reset();
   write_losses(opt, history.losses);
   progress.finish();
   if (ranks.rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file

@@ -22,6 +22,8 @@
 #include "remat/core/threads.hpp"
 #include "remat/core/timeline_json.hpp"
 
+#include "remat/io/offload.hpp"
+
 #include "remat/schedule/budget.hpp"
 #include "remat/schedule/online_placement.hpp"
 #include "remat/schedule/schedule.hpp"

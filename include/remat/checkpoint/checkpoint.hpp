@@ -276,7 +276,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   if (node_outputs.empty()) return result;  // nothing inside needs a gradient: nothing to replay
   const std::string name = seg.options.name;
   detail::record<float>(name, inputs, node_outputs, std::move(saved),
-                        [segment](detail::BackwardContext<float>& ctx) { segment->backward(ctx); });
+                        [segment](detail::BackwardContext<float>& ctx) { segment->backward(ctx); }, SavedBy::checkpoint);
   return result;
 }
 

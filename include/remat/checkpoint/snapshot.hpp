@@ -22,6 +22,7 @@
 #include "remat/checkpoint/replay.hpp"
 #include "remat/schedule/schedule.hpp"
 #include "remat/core/error.hpp"
+#include "remat/core/file_io.hpp"
 #include "remat/core/tensor.hpp"
 
 namespace remat::detail {
@@ -33,52 +34,22 @@ class Snapshot {
   virtual Tensor load() const = 0;
 };
 
-/// A kept state in memory, counted as saved for backward while held.
+/// A kept state in memory, counted as saved for backward while held — or handed to the saved-tensor
+/// store in force (an Offload scope, say), as a node's saved tensors are: SavedBy::chain.
 class MemorySnapshot final : public Snapshot {
  public:
-  explicit MemorySnapshot(const Tensor& t) : tensor_(t.detach()) { tensor_.storage()->retain_saved(); }
-  ~MemorySnapshot() override { tensor_.storage()->release_saved(); }
+  explicit MemorySnapshot(const Tensor& t) {
+    held_.emplace_back(t);
+    pack_saved(held_, SaveContext{"chain snapshot", SavedBy::chain});
+    held_.front().retain();
+  }
+  ~MemorySnapshot() override { held_.front().release(); }
   MemorySnapshot(const MemorySnapshot&) = delete;
   MemorySnapshot& operator=(const MemorySnapshot&) = delete;
-  Tensor load() const override { return tensor_; }
+  Tensor load() const override { return held_.front().get<float>("chain snapshot"); }
 
  private:
-  Tensor tensor_;
-};
-
-/// Reads up to `size` bytes (fewer only at the end of the file); an error names the file and the
-/// OS's reason.
-inline std::size_t read_fully(int fd, void* out, std::size_t size, const std::string& path) {
-  std::size_t done = 0;
-  while (done < size) {
-    const ::ssize_t n = ::read(fd, static_cast<char*>(out) + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    REMAT_CHECK(n >= 0, "chain snapshot: cannot read the file '{}': {}", path, std::strerror(errno));
-    if (n == 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  return done;
-}
-
-/// Writes all `size` bytes, or returns false with errno telling why.
-inline bool write_fully(int fd, const void* data, std::size_t size) {
-  std::size_t done = 0;
-  while (done < size) {
-    const ::ssize_t n = ::write(fd, static_cast<const char*>(data) + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) errno = ENOSPC;
-    if (n <= 0) return false;
-    done += static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-/// Closes a file descriptor when it goes out of scope.
-struct FileDescriptor {
-  int fd;
-  ~FileDescriptor() {
-    if (fd >= 0) ::close(fd);
-  }
+  std::vector<SavedTensor> held_;  // one: pack_saved takes a node's list
 };
 
 /// A kept state in a file of its own under `directory` (made absolute when the file is made).

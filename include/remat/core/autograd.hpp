@@ -52,16 +52,19 @@ decltype(auto) outside_graph(F&& f) {
 }
 
 /// Hands each tensor in `saved` to the thread's innermost saved-tensor hooks, if any are in force.
-inline void pack_saved(std::vector<SavedTensor>& saved) {
+inline void pack_saved(std::vector<SavedTensor>& saved, const SaveContext& context) {
   const auto* active = active_saved_tensor_hooks();
   if (!active) return;
   const std::shared_ptr<const SavedTensorHooks::Pair> pair = *active;
   for (SavedTensor& s : saved) {
     if (!s.storage()) continue;
     const AnyTensor t(TensorRef{s.shared_storage(), s.shape(), s.dtype()});
-    std::any packed = outside_graph([&] { return pair->pack(t); });
+    std::any packed = outside_graph([&] { return pair->pack(t, context); });
     if (!packed.has_value()) continue;  // declined: the node keeps the tensor, in the books
-    s.pack(std::move(packed), [pair](const std::any& p) { return outside_graph([&] { return pair->unpack(p); }); });
+    std::function<std::string(const std::any&)> describe;
+    if (pair->describe) describe = [pair](const std::any& p) { return pair->describe(p); };
+    s.pack(std::move(packed), [pair](const std::any& p) { return outside_graph([&] { return pair->unpack(p); }); },
+           std::move(describe));
   }
 }
 
@@ -72,7 +75,7 @@ inline void pack_saved(std::vector<SavedTensor>& saved) {
 template <class In, class Out = In>
 void record(std::string op, const std::vector<BasicTensor<In>>& inputs,
             const std::vector<BasicTensor<Out>*>& outputs, std::vector<SavedTensor> saved,
-            non_deduced<BackwardFn<In, Out>> fn) {
+            non_deduced<BackwardFn<In, Out>> fn, SavedBy saved_by = SavedBy::op) {
   Session& state = session();
   for (BasicTensor<Out>* y : outputs) {
     auto meta = std::make_shared<AutogradMeta<Out>>();
@@ -81,7 +84,7 @@ void record(std::string op, const std::vector<BasicTensor<In>>& inputs,
   }
   report_saved_for_backward(saved);
   if (!state.recording) return;
-  pack_saved(saved);
+  pack_saved(saved, SaveContext{op, saved_by});
   const std::uint64_t id = state.next_node_id++;
   for (BasicTensor<Out>* y : outputs) y->meta()->node_id = id;
   tape_stack().back()->push(

@@ -4,7 +4,8 @@
 // (core/saved_tensor_hooks.hpp), not a hook bolted onto ops.
 //
 // While a scope lives on a thread, each float32 tensor a recorded node saves (a checkpoint's
-// boundary included) is kept as its bfloat16 rounding, and backward reads it widened back to
+// boundary included; a chain's snapshots, the states its replays start from, not) is kept as its
+// bfloat16 rounding, and backward reads it widened back to
 // float32: half the bytes, at a relative error of at most 2⁻⁸ per saved element (round to nearest
 // even). That is lossy, unlike autocast's saved product operands, which are the very values the
 // forward multiplied: here the forward computed with the float32 value and the backward computes
@@ -46,7 +47,7 @@ class SaveInBFloat16 {
   /// Rounds every float32 tensor made inside the scope, or those `only` accepts.
   explicit SaveInBFloat16(Predicate only = {})
       : state_(std::make_shared<State>(State{std::move(only), detail::next_storage_serial(false), {}})),
-        hooks_([s = state_](const AnyTensor& t) { return pack(*s, t); }, unpack) {}
+        hooks_([s = state_](const AnyTensor& t, const SaveContext& c) { return pack(*s, t, c); }, unpack) {}
 
   /// The counts so far (nodes recorded while the scope lived).
   Stats stats() const { return state_->stats; }
@@ -58,8 +59,11 @@ class SaveInBFloat16 {
     Stats stats;
   };
 
-  static std::any pack(State& s, const AnyTensor& t) {
-    const bool round = t.is<float>() && t.ref().storage->serial() >= s.born && (!s.only || s.only(t));
+  static std::any pack(State& s, const AnyTensor& t, const SaveContext& context) {
+    // A chain's snapshots are the states its replays start from: rounding them would change what
+    // the replays compute, not only what backward reads.
+    const bool round = context.by != SavedBy::chain && t.is<float>() && t.ref().storage->serial() >= s.born &&
+                       (!s.only || s.only(t));
     if (!round) {
       ++s.stats.kept;
       return {};  // declined: the node keeps it as it is, in the books

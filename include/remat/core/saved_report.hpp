@@ -24,6 +24,7 @@ struct SavedTensorInfo {
   bool discarded = false;    ///< a memory budget discarded its bytes; backward recomputes them
   double rebuild_flops = 0;  ///< what recomputing it would cost (when discarded)
   bool packed = false;       ///< saved-tensor hooks hold it (bytes: its size when packed; not counted)
+  std::string where;         ///< what the hooks that hold it say of it ("on disk …"), if anything
 };
 
 /// What the tape holds for backward right now, one entry per saved tensor.
@@ -40,7 +41,8 @@ struct SavedTensorReport {
     for (const SavedTensorInfo& e : entries)
       out += fmt::format("{:<24} {:<22} {:<8} {:>12}{}{}\n", e.op, e.shape, e.dtype, e.bytes, e.shared ? " (shared)" : "",
                          e.discarded ? fmt::format(" (discarded; rebuild {:.3g} flop)", e.rebuild_flops)
-                         : e.packed ? std::string(" (packed by saved-tensor hooks)") : std::string());
+                         : e.packed ? fmt::format(" (packed by saved-tensor hooks{}{})", e.where.empty() ? "" : ": ", e.where)
+                                    : std::string());
     out += fmt::format("{} saved tensors, {} bytes held for backward", entries.size(), total_bytes);
     if (discarded_bytes) out += fmt::format(", {} bytes discarded (recomputed when backward reads them)", discarded_bytes);
     if (packed_bytes) out += fmt::format(", {} bytes packed by saved-tensor hooks", packed_bytes);
@@ -58,7 +60,8 @@ inline SavedTensorReport saved_tensors(const Tape& tape = current_tape()) {
     for (const detail::SavedTensor& s : node->saved()) {
       if (s.packed()) {
         report.packed_bytes += s.packed_bytes();
-        report.entries.push_back({node->name(), s.shape(), s.dtype(), s.packed_bytes(), false, false, 0.0, true});
+        report.entries.push_back(
+            {node->name(), s.shape(), s.dtype(), s.packed_bytes(), false, false, 0.0, true, s.packed_description()});
         continue;
       }
       const bool shared = std::find(seen.begin(), seen.end(), s.storage()) != seen.end();
@@ -69,7 +72,7 @@ inline SavedTensorReport saved_tensors(const Tape& tape = current_tape()) {
         seen.push_back(storage);
         (discarded ? report.discarded_bytes : report.total_bytes) += s.bytes();
       }
-      report.entries.push_back({node->name(), s.shape(), s.dtype(), s.bytes(), shared, discarded, cost});
+      report.entries.push_back({node->name(), s.shape(), s.dtype(), s.bytes(), shared, discarded, cost, false, {}});
     }
   }
   return report;

@@ -74,6 +74,7 @@ inline std::string modified_in_place(std::string_view who, std::string_view tens
 struct PackedTensor {
   std::any value;
   std::function<AnyTensor(const std::any&)> unpack;
+  std::function<std::string(const std::any&)> describe;  // may be empty
 };
 
 /// A tensor a node keeps for its backward, type-erased so one node can keep float data and int64
@@ -124,12 +125,18 @@ class SavedTensor {
     storage_.reset();
   }
 
+  /// What the store that packed it says of it ("" when it says nothing or nothing is packed).
+  std::string packed_description() const {
+    return packed_ && packed_->describe ? packed_->describe(packed_->value) : std::string();
+  }
+
   /// Hands the tensor to a pack hook: from now on the node keeps `packed` (and a weak eye on the
-  /// storage, for the in-place check when unpack gives the same storage back). Before retain().
-  void pack(std::any value, std::function<AnyTensor(const std::any&)> unpack) {
+  /// storage, for the in-place check while it lives). Before retain().
+  void pack(std::any value, std::function<AnyTensor(const std::any&)> unpack,
+            std::function<std::string(const std::any&)> describe = {}) {
     original_ = storage_;
     packed_bytes_ = storage_->bytes();
-    packed_ = std::make_shared<PackedTensor>(PackedTensor{std::move(value), std::move(unpack)});
+    packed_ = std::make_shared<PackedTensor>(PackedTensor{std::move(value), std::move(unpack), std::move(describe)});
     storage_.reset();
   }
 
@@ -145,8 +152,10 @@ class SavedTensor {
                 "return what pack was given, of the same shape and element type", op,
                 t.defined() ? fmt::format("shape {} ({})", t.shape(), t.dtype() ? t.dtype() : "?") : std::string("nothing"),
                 shape_, dtype_);
-    // The same storage back (a hook that kept the tensor itself): an in-place write since is caught.
-    if (const auto original = original_.lock(); original && original == t.ref().storage) check_version(op, *original);
+    // The tensor pack was given, while it lives, must not have been written in place since, as
+    // without hooks: a store that copies later (offload's background writes) would otherwise keep
+    // the new values, and one that copied at once would hide a write that is an error in RAM.
+    if (const auto original = original_.lock()) check_version(op, *original);
     return t.ref();
   }
 

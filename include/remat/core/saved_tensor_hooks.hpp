@@ -21,10 +21,16 @@
 // gradient needs: remat checks only that an unpack returning the very storage it was given has not
 // been written in place since. What pack keeps is out of remat's books (memory_stats() counts
 // tensor bytes in RAM only), and a checkpointed forward records no nodes, so packs nothing.
+//
+// A store that chooses by who saves (selective checkpointing's question: which op, how many bytes,
+// which element type) takes a pack of two arguments, the tensor and a SaveContext; a third,
+// optional function describes a packed tensor for print_saved_tensors() ("on disk at …").
 
 #include <any>
 #include <functional>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,13 +39,28 @@
 #include "remat/core/session.hpp"
 
 namespace remat {
+
+/// What keeps a tensor for backward.
+enum class SavedBy {
+  op,          ///< an op's node (its inputs, outputs or intermediates)
+  checkpoint,  ///< a checkpoint's node: the segment's boundary and the outputs selective saving keeps
+  chain,       ///< a chain executor's snapshot of a step's state (held in RAM)
+};
+
+/// Who is saving the tensor a pack hook is handed.
+struct SaveContext {
+  std::string_view op;          ///< the op's name; a checkpoint's name; "chain snapshot"
+  SavedBy by = SavedBy::op;
+};
+
 namespace detail {
 
 /// One pack/unpack pair, shared with every node that packed through it (so unpack outlives the
 /// scope that installed it).
 struct SavedTensorHooksPair {
-  std::function<std::any(const AnyTensor&)> pack;
+  std::function<std::any(const AnyTensor&, const SaveContext&)> pack;
   std::function<AnyTensor(const std::any&)> unpack;
+  std::function<std::string(const std::any&)> describe;  // may be empty
 };
 
 /// The pair whose pack a node recorded now uses: the innermost, unless inside a pack or unpack.
@@ -55,20 +76,32 @@ class SavedTensorHooks {
  public:
   /// What a node keeps instead of the tensor (a copy, a file name, anything).
   using Pack = std::function<std::any(const AnyTensor&)>;
+  /// The same, told who saves the tensor.
+  using PackWithContext = std::function<std::any(const AnyTensor&, const SaveContext&)>;
   /// The tensor again, from what pack returned.
   using Unpack = std::function<AnyTensor(const std::any&)>;
+  /// Where a packed tensor is, in words, for print_saved_tensors().
+  using Describe = std::function<std::string(const std::any&)>;
   /// The pair as installed.
   using Pair = detail::SavedTensorHooksPair;
 
   /// Installs pack and unpack on this thread until destroyed (innermost hooks in force pack).
-  SavedTensorHooks(Pack pack, Unpack unpack) : installed_(make_pair(std::move(pack), std::move(unpack))) {}
+  SavedTensorHooks(Pack pack, Unpack unpack)
+      : installed_(make_pair(pack ? PackWithContext([p = std::move(pack)](const AnyTensor& t, const SaveContext&) {
+                               return p(t);
+                             })
+                                  : PackWithContext(),
+                             std::move(unpack), {})) {}
+  /// The same with a pack told who saves, and (optionally) a description of what it packed.
+  SavedTensorHooks(PackWithContext pack, Unpack unpack, Describe describe = {})
+      : installed_(make_pair(std::move(pack), std::move(unpack), std::move(describe))) {}
   SavedTensorHooks(const SavedTensorHooks&) = delete;
   SavedTensorHooks& operator=(const SavedTensorHooks&) = delete;
 
  private:
-  static std::shared_ptr<const Pair> make_pair(Pack pack, Unpack unpack) {
+  static std::shared_ptr<const Pair> make_pair(PackWithContext pack, Unpack unpack, Describe describe) {
     REMAT_CHECK(pack && unpack, "SavedTensorHooks: both pack and unpack must be callable");
-    return std::make_shared<const Pair>(Pair{std::move(pack), std::move(unpack)});
+    return std::make_shared<const Pair>(Pair{std::move(pack), std::move(unpack), std::move(describe)});
   }
 
   detail::Install<&detail::Session::saved_tensor_hooks> installed_;

@@ -31,12 +31,18 @@ class Timeline {
     double us;         // since the trace started
     int thread;
     std::int64_t live = 0, saved = 0;  // counters
+    const char* first = "live bytes";   // the counters' names
+    const char* second = "saved bytes";
   };
 
   void begin(std::string name, const char* category) { push({'B', std::move(name), category, now(), thread(), 0, 0}); }
   void end(const char* category) { push({'E', {}, category, now(), thread(), 0, 0}); }
   /// The library's books after a change (called by the allocator under its own lock).
   void memory(std::int64_t live, std::int64_t saved) { push({'C', "memory", "memory", now(), 0, live, saved}); }
+  /// Two counters of another kind (an offload store's RAM and disk bytes), as one track `name`.
+  void counters(std::string name, const char* first, std::int64_t a, const char* second, std::int64_t b) {
+    push({'C', std::move(name), "memory", now(), 0, a, b, first, second});
+  }
 
   std::vector<Event> take() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -54,7 +54,7 @@ class Trace {
       if (e.phase == 'B') j["name"] = e.name;
       if (e.phase == 'C') {
         j["name"] = e.name;
-        j["args"] = {{"live bytes", e.live}, {"saved bytes", e.saved}};
+        j["args"] = {{e.first, e.live}, {e.second, e.saved}};
       }
       events.push_back(std::move(j));
     }
