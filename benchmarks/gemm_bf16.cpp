@@ -63,6 +63,6 @@ int main() {
                *std::min_element(f32.begin(), f32.end()), *std::max_element(f32.begin(), f32.end()), mb,
                *std::min_element(b16v.begin(), b16v.end()), *std::max_element(b16v.begin(), b16v.end()), mb / mf);
   }
-  fmt::print("{{\"backend\": \"{}\", \"threads\": {}, \"worst_bf16_over_fp32\": {:.2f}}}\n", detail::gemm_backend(),
-             get_num_threads(), worst_ratio);
+  fmt::print("{{\"backend\": \"{}\", \"bf16_backend\": \"{}\", \"threads\": {}, \"worst_bf16_over_fp32\": {:.2f}}}\n",
+             detail::gemm_backend(), detail::gemm_bf16_backend(), get_num_threads(), worst_ratio);
 }

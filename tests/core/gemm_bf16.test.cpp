@@ -10,6 +10,10 @@
 using namespace remat;
 
 TEST_CASE("gemm_bf16: float32 sums of bfloat16 operands, every transpose, strides and accumulation", "[core][gemm]") {
+  INFO("bfloat16 GEMM backend: " << detail::gemm_bf16_backend());
+  // Both paths on every machine: the one this process uses and the widened one it falls back to.
+  const bool widened = GENERATE(false, true);
+  CAPTURE(widened);
   Generator g(5);
   for (auto [m, n, k, ta, tb] : {std::tuple{7, 5, 3, false, false}, {64, 48, 33, true, false}, {17, 31, 64, false, true},
                                  {128, 96, 80, true, true}, {1, 1, 1, false, false}}) {
@@ -23,7 +27,8 @@ TEST_CASE("gemm_bf16: float32 sums of bfloat16 operands, every transpose, stride
     for (std::size_t i = 0; i < rb.size(); ++i) fb[i] = static_cast<float>(b[i] = Eigen::bfloat16(rb[i]));
     for (bool accumulate : {false, true}) {
       std::vector<float> c(static_cast<std::size_t>(m * ldc), 0.5f), ref = c;
-      detail::gemm_bf16(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate);
+      (widened ? detail::gemm_bf16_widened : detail::gemm_bf16)(ta, tb, m, n, k, a.data(), lda, b.data(), ldb,
+                                                                c.data(), ldc, accumulate);
       for (std::int64_t i = 0; i < m; ++i)
         for (std::int64_t j = 0; j < n; ++j) {
           double sum = accumulate ? 0.5 : 0.0, magnitude = accumulate ? 0.5 : 0.0;

@@ -7,9 +7,11 @@
 //
 // gemm_bf16 is the mixed-precision product: bfloat16 operands, float32 accumulation and result.
 // With oneDNN it is dnnl_gemm_bf16bf16f32 (AVX512-BF16 where the CPU has it, about twice sgemm on
-// this machine), which libdnnl exports but the 2.6 headers do not declare, so remat declares it;
-// without oneDNN the operands are widened to float (exactly: bf16 is float's upper half) and
-// multiplied by the float GEMM.
+// this machine), which libdnnl exports but the 2.6 headers do not declare, so remat declares it.
+// oneDNN 2.x has that kernel only on CPUs with AVX-512 (avx512_core, or ONEDNN_MAX_CPU_ISA at or
+// above it) and answers dnnl_unimplemented elsewhere; there, and without oneDNN, the operands are
+// widened to float (exactly: bf16 is float's upper half) and multiplied by the float GEMM. Which
+// of the two a process uses is decided once (gemm_bf16_backend), so its products never mix them.
 
 #include <algorithm>
 #include <cstdint>
@@ -110,6 +112,50 @@ void gemm_pair(std::int64_t work, F first, G second) {
   }
 }
 
+/// Whether this process's bfloat16 products run on oneDNN's bf16 kernel: asked once, by a 1×1×1
+/// product (oneDNN answers dnnl_unimplemented where the CPU lacks AVX-512), so every product of a
+/// run takes the same path and its bits do not depend on which call came first.
+inline bool onednn_bf16_gemm_available() {
+#ifdef REMAT_WITH_ONEDNN
+  static const bool available = [] {
+    const std::uint16_t one = 0x3f80;  // 1.0 in bfloat16
+    float c = 0.0f;
+    return dnnl_gemm_bf16bf16f32('N', 'N', 1, 1, 1, 1.0f, &one, 1, &one, 1, 0.0f, &c, 1) == dnnl_success && c == 1.0f;
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+/// The backend bfloat16 products use in this process: oneDNN's bf16 kernel, or the float GEMM
+/// (gemm_backend()) on operands widened to float.
+inline const char* gemm_bf16_backend() {
+  if (onednn_bf16_gemm_available()) return "oneDNN bf16";
+#ifdef REMAT_WITH_ONEDNN
+  return "oneDNN sgemm on widened operands";
+#else
+  return "Eigen on widened operands";
+#endif
+}
+
+/// gemm_bf16 where oneDNN has no bf16 kernel: the operands widened to float, densely (op(A) is
+/// rows × cols as stored, whatever the leading dimension), on the float GEMM.
+inline void gemm_bf16_widened(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                              const Eigen::bfloat16* a, std::int64_t lda, const Eigen::bfloat16* b, std::int64_t ldb,
+                              float* c, std::int64_t ldc, bool accumulate = false) {
+  auto widen = [](const Eigen::bfloat16* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    std::vector<float> out(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i * cols + j)] = static_cast<float>(p[i * ld + j]);
+    return out;
+  };
+  const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const std::vector<float> wa = widen(a, a_rows, a_cols, lda), wb = widen(b, b_rows, b_cols, ldb);
+  gemm(trans_a, trans_b, m, n, k, wa.data(), a_cols, wb.data(), b_cols, c, ldc, accumulate);
+}
+
 /// C (float, m×n) = or += op(A) · op(B) with A and B in bfloat16 (row-major, leading dimensions as
 /// stored), the products summed in float32.
 inline void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -123,24 +169,17 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
     return;
   }
 #ifdef REMAT_WITH_ONEDNN
-  const dnnl_status_t status = dnnl_gemm_bf16bf16f32(
-      trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, reinterpret_cast<const std::uint16_t*>(a), lda,
-      reinterpret_cast<const std::uint16_t*>(b), ldb, accumulate ? 1.0f : 0.0f, c, ldc);
-  REMAT_CHECK(status == dnnl_success, "gemm_bf16: oneDNN's gemm_bf16bf16f32 failed with status {} for m={}, n={}, k={}",
-              static_cast<int>(status), m, n, k);
-#else
-  // Widened densely: op(A) is rows × cols as stored, whatever the leading dimension.
-  auto widen = [](const Eigen::bfloat16* p, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    std::vector<float> out(static_cast<std::size_t>(rows * cols));
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i * cols + j)] = static_cast<float>(p[i * ld + j]);
-    return out;
-  };
-  const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-  const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  const std::vector<float> wa = widen(a, a_rows, a_cols, lda), wb = widen(b, b_rows, b_cols, ldb);
-  gemm(trans_a, trans_b, m, n, k, wa.data(), a_cols, wb.data(), b_cols, c, ldc, accumulate);
+  if (onednn_bf16_gemm_available()) {
+    const dnnl_status_t status = dnnl_gemm_bf16bf16f32(
+        trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, reinterpret_cast<const std::uint16_t*>(a), lda,
+        reinterpret_cast<const std::uint16_t*>(b), ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+    REMAT_CHECK(status == dnnl_success,
+                "gemm_bf16: oneDNN's gemm_bf16bf16f32 failed with status {} for m={}, n={}, k={}",
+                static_cast<int>(status), m, n, k);
+    return;
+  }
 #endif
+  gemm_bf16_widened(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 }  // namespace remat::detail

@@ -50,7 +50,7 @@ enum class SavedBy {
 /// Who is saving the tensor a pack hook is handed.
 struct SaveContext {
   std::string_view op;          ///< the op's name; a checkpoint's name; "chain snapshot"
-  SavedBy by = SavedBy::op;
+  SavedBy by = SavedBy::op;     ///< what kind of holder keeps it (an op's node, a checkpoint, a chain)
 };
 
 namespace detail {

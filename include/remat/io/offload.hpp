@@ -657,6 +657,9 @@ class OffloadReadAhead final : public Observer {
 /// (the header's comment says which, and how they come back).
 class Offload {
  public:
+  /// Starts the store: makes options.directory if needed, removes the directories dead processes
+  /// left there, makes this scope's own directory inside it, starts the I/O thread and installs the
+  /// pack and unpack hooks on this thread. Throws remat::Error when a directory cannot be made.
   explicit Offload(OffloadOptions options)
       : core_(std::make_shared<detail::OffloadCore>(std::move(options))),
         born_(detail::next_storage_serial(false)),
