@@ -7,6 +7,7 @@
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB] [--precision fp32|bf16]
 //             [--compare-curve LABEL:PATH] [--memory BYTES] [--micro-batch N] [--offload DIR] [--offload-min BYTES]
+//             [--offload-wait 0|1]
 //             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
 //
 // --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
@@ -54,7 +55,8 @@
 // --offload DIR writes the activations saved for backward of at least --offload-min bytes
 // (default 64KiB) to files under DIR while the forward runs, and reads them back ahead of the
 // backward (remat::Offload, remat/io/offload.hpp); the losses are bitwise those without it. The run
-// ends by printing what the store wrote, read and held.
+// ends by printing what the store wrote, read and held. --offload-wait 1 makes each backward wait
+// for the writes still queued (OffloadOptions::wait_for_writes) instead of calling them off.
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.
@@ -107,6 +109,7 @@ struct Options {
   std::int64_t micro_batch = 0;  ///< rows per forward and backward; 0: the whole batch
   std::string offload;           ///< --offload DIR: saved activations written to files there
   std::string offload_min = "64KiB";  ///< the smallest saved tensor offloaded
+  bool offload_wait = false;     ///< --offload-wait 1: backward waits for the queued writes
   bool policy_given = false;     ///< --policy on the command line (excludes --memory)
 
   /// Whether forwards run under remat::autocast (--precision bf16).
@@ -197,10 +200,13 @@ Options parse(int argc, char** argv) {
   take_string("losses", o.losses);
   take_string("trace", o.trace);
   take_int("zero", o.zero);
-  std::int64_t check = 0;
+  std::int64_t check = 0, offload_wait = 0;
   take_int("check", check);
   REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
   o.check = check == 1;
+  take_int("offload-wait", offload_wait);
+  REMAT_CHECK(offload_wait == 0 || offload_wait == 1, "train_gpt: --offload-wait takes 0 or 1, got {}", offload_wait);
+  o.offload_wait = offload_wait == 1;
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
   REMAT_CHECK(o.compare_curve.empty() || o.compare_curve.find(':') != std::string::npos,
               "train_gpt: --compare-curve takes LABEL:PATH (another run's .loss.csv), got '{}'", o.compare_curve);
@@ -900,6 +906,7 @@ int train(int argc, char** argv, World* world) {
     OffloadOptions o;
     o.directory = opt.offload;
     o.min_bytes = parse_bytes(opt.offload_min);
+    o.wait_for_writes = opt.offload_wait;
     offload.emplace(o);
   }
   for (std::int64_t step = first_step; step < opt.steps; ++step) {

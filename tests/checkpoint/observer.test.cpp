@@ -30,7 +30,7 @@ struct Recorder : Observer, Heard {
   void backward_begin(bool outermost) override { backward_begins += outermost; }
   void backward_end(bool completed, bool outermost) override { backward_ends += completed && outermost; }
   void replay_begin(const ReplayEvent& e) override {
-    REQUIRE(std::string(e.kind) == "checkpoint");
+    REQUIRE((std::string(e.kind) == "checkpoint" || std::string(e.kind) == "chain"));
     ++open_replays;
     replays.emplace_back();
   }
@@ -84,6 +84,35 @@ TEST_CASE("observer: around a checkpointed GPT it hears every op of the forward,
     REQUIRE(ckpt.backward_ends == 1);
     REQUIRE(ckpt.leaf_grads >= plain.leaf_grads);
     REQUIRE(ckpt.saves > 0);
+  }
+}
+
+TEST_CASE("observer: around a GPT's blocks run as a chain it hears every op of the forward, each step's replay and "
+          "the backward", "[chain][observer]") {
+  const Heard plain = observe_step(nullptr);
+  for (const char* how : {"sqrt", "binomial:2", "uniform:2"}) {
+    INFO(how);
+    const Heard chain = observe_step(how);
+    // The forward runs each step once, in order: the plain run's ops.
+    REQUIRE(chain.forward == plain.forward);
+    // Each replay is one step (a block) run again, recorded or rebuilt: the block's ops every time.
+    REQUIRE(!chain.replays.empty());
+    REQUIRE(chain.open_replays == 0);
+    const std::vector<std::string>& block = chain.replays.front();
+    REQUIRE(!block.empty());
+    for (const auto& r : chain.replays) REQUIRE(r == block);
+    REQUIRE(std::search(plain.forward.begin(), plain.forward.end(), block.begin(), block.end()) != plain.forward.end());
+    // The backward walks every node the plain run walks (the steps' nodes, recorded or rebuilt),
+    // and the chain's own.
+    std::map<std::string, int> walked = counts(chain.backward);
+    for (const auto& [name, n] : counts(plain.backward)) {
+      INFO(name);
+      REQUIRE(walked[name] >= n);
+    }
+    REQUIRE(chain.backward.size() > plain.backward.size());
+    REQUIRE(chain.backward_begins == 1);
+    REQUIRE(chain.backward_ends == 1);
+    REQUIRE(chain.leaf_grads >= plain.leaf_grads);
   }
 }
 

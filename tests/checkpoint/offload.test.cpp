@@ -70,8 +70,9 @@ TEST_CASE("Offload: gradients bitwise those in RAM under every policy; files gon
     const auto [offloaded, stats] = gpt_gradients(policy, o, &books);
     CHECK(offloaded == plain);
     CHECK(stats.offloaded > 0);
-    // A chain (sqrt) drops the graphs it records in forward for its own compact records: what
-    // their nodes packed goes unwritten or unread, so only files and reads are matched there.
+    // A chain (sqrt) drops the graphs it records in forward for its own compact records (packed
+    // again, as the chain's): what the first nodes packed goes unwritten or unread, so only files
+    // and reads are matched there.
     if (std::string(policy) != "sqrt") CHECK(stats.files_written == stats.offloaded);
     CHECK(stats.files_written > 0);
     if (std::string(policy) != "sqrt") CHECK(stats.reads == stats.files_written);  // each read back once
@@ -327,6 +328,53 @@ TEST_CASE("Offload: a chain's snapshots go through the store, gradients bitwise"
   CHECK(offloaded == plain);
   CHECK(stats.files_written > 0);
   CHECK(stats.reads > 0);
+}
+
+TEST_CASE("Offload inside a MemoryBudget: large tensors go to files, the budget caps what stays; gradients bitwise",
+          "[offload][budget]") {
+  test::TempDir dir;
+  const auto plain = gpt_gradients("none", std::nullopt).first;
+  struct Run {
+    std::vector<std::vector<float>> grads;
+    OffloadStats offload;
+    BudgetLog log;
+    std::size_t peak = 0;  // of the activation bytes saved in RAM
+  };
+  auto run = [&](std::optional<std::size_t> budget) {
+    test::GptStep s("none");
+    manual_seed(9);
+    Run r;
+    {
+      std::optional<MemoryBudget> guard;
+      if (budget) guard.emplace(*budget);
+      MemoryScope scope;
+      {
+        OffloadOptions o;
+        o.directory = dir.path;
+        o.min_bytes = 4096;  // the MLP's (2, 12, 64) activations; the budget keeps the rest
+        o.wait_for_writes = true;
+        Offload offload(o);  // inside the budget: asked first
+        s.loss().backward();
+        r.offload = offload.stats();
+      }
+      r.peak = scope.peak_saved_activation_bytes() - scope.start_saved_activation_bytes();
+      if (guard) r.log = guard->last_log();
+    }
+    r.grads = test::gradients(s.gpt);
+    return r;
+  };
+  const Run offloaded = run(std::nullopt);
+  REQUIRE(offloaded.grads == plain);
+  REQUIRE(offloaded.offload.files_written > 0);
+  const std::size_t budget = offloaded.peak * 3 / 4;
+  const Run both = run(budget);
+  INFO("offload alone keeps " << offloaded.peak << " B in RAM at most; under a budget of " << budget << " B: "
+                              << both.peak << " B, " << both.log.discards << " discards");
+  CHECK(both.grads == plain);
+  CHECK(both.offload.files_written == offloaded.offload.files_written);
+  CHECK(both.log.discards > 0);
+  CHECK(both.peak <= budget);
+  CHECK(files_in(dir.path).empty());
 }
 
 TEST_CASE("Offload: a trace shows the writes and reads on the I/O thread and the store's bytes", "[offload][trace]") {

@@ -61,8 +61,8 @@ TEST_CASE("saved-tensor hooks: every saved tensor is packed and unpacked; gradie
     REQUIRE(store.packs > 0);
     REQUIRE(store.unpacks > 0);
     // Without a chain, backward reads each packed tensor at least once. A chain (sqrt) holds the
-    // steps it recorded in forward compactly, by its own records, and rebuilds their graphs from
-    // them: those nodes' packed tensors are dropped unread.
+    // steps it recorded in forward compactly (what their backward reads, packed again as the
+    // chain's) and rebuilds their graphs from that: the first nodes' packed tensors go unread.
     if (!how || std::string(how) != "sqrt") REQUIRE(store.unpacks >= store.packs);
   }
 }
@@ -98,6 +98,55 @@ TEST_CASE("saved-tensor hooks: the innermost pair packs; the ops a hook calls ar
   y.backward();
   sum(tanh(plain_w * plain_w) * tanh(plain_w * plain_w)).backward();
   REQUIRE(test::all_close(w.grad(), plain_w.grad()));
+}
+
+TEST_CASE("saved-tensor hooks: what a pair declines goes to the pair outside it; what all decline stays with the node",
+          "[checkpoint][saved_tensor_hooks]") {
+  test::FreshTape fresh;
+  Generator g(11);
+  Tensor w = randn({8, 8}, g).requires_grad_();
+  const Tensor x = randn({2, 8}, g);
+  auto give = [](const std::any& p) { return std::any_cast<const AnyTensor&>(p); };
+  std::vector<std::string> inner_took, outer_took, outer_declined;
+  Tensor y;
+  {
+    // The outer store takes float tensors of 64 bytes or more; the inner one only tanh's saves.
+    SavedTensorHooks outer(
+        [&](const AnyTensor& t, const SaveContext& c) -> std::any {
+          if (t.nbytes() < 64) {
+            outer_declined.emplace_back(c.op);
+            return {};
+          }
+          outer_took.emplace_back(c.op);
+          return t;
+        },
+        give);
+    SavedTensorHooks inner(
+        [&](const AnyTensor& t, const SaveContext& c) -> std::any {
+          if (c.op != std::string_view("tanh")) return {};
+          inner_took.emplace_back(c.op);
+          return t;
+        },
+        give);
+    y = sum(tanh(matmul(x, w)) * 0.5f);  // matmul saves x (w's gradient); tanh its (2, 8) output
+  }
+  CHECK(inner_took == std::vector<std::string>{"tanh"});
+  CHECK(outer_took == std::vector<std::string>{"matmul"});  // x, 64 B
+  CHECK(outer_declined.empty());
+  CHECK(saved_tensors(fresh.tape).total_bytes == 0);  // nothing left with the nodes
+  Tensor plain_w = detail::copy_of(w.detach()).requires_grad_();
+  y.backward();
+  sum(tanh(matmul(x, plain_w)) * 0.5f).backward();
+  REQUIRE(test::all_close(w.grad(), plain_w.grad()));
+  {
+    SavedTensorHooks outer([&](const AnyTensor&, const SaveContext& c) -> std::any {
+      outer_declined.emplace_back(c.op);
+      return {};
+    }, give);
+    Tensor z = tanh(w);  // declined by every store: the node keeps it, in the books
+    CHECK(saved_tensors(fresh.tape).total_bytes == 8 * 8 * sizeof(float));
+  }
+  CHECK(outer_declined == std::vector<std::string>{"tanh"});
 }
 
 TEST_CASE("saved-tensor hooks: a wrong unpack, an in-place write and a second backward are errors",

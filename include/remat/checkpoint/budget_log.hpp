@@ -51,6 +51,8 @@ struct BudgetLog {
   /// How many discards and recomputes the step made.
   std::size_t discards = 0, recomputes = 0;
   ///@}
+  /// Op invocations registered with how to recompute them (those computed for a recorded graph).
+  std::size_t registered = 0;
   /// Outputs let go once nothing but recomputations held them (not decisions: no budget keeps them).
   std::size_t releases = 0;
   /// What the recomputes cost, in flops.

@@ -75,7 +75,7 @@ inline std::pair<Tensor, std::size_t> measure_record(const ChainStep& f, const T
     c.compact = notes.complete;
     std::unordered_set<const Storage*> seen{leaf.storage().get()};
     for (const CompactRecorder::Output& o : notes.held)
-      if (seen.insert(o.storage.get()).second) held += o.storage->bytes();
+      if (seen.insert(o.ref.storage.get()).second) held += o.ref.storage->bytes();
   }
   std::unordered_set<std::uint64_t> outside;
   for (const SegmentReads::Outside& o : reads.outside)
@@ -408,8 +408,7 @@ struct ChainRun {
         r.output = r.run->record([&] { return run_step(i, r.input, unused, notes ? &*notes : nullptr); });
         current = r.output.detach();
         if (notes && notes->complete) {
-          held.compact_records.add(i, std::move(*notes), r.input.storage(), r.input.storage()->version(),
-                              r.output.requires_grad());
+          held.compact_records.add(i, std::move(*notes), r.input, r.input.storage()->version(), r.output.requires_grad());
         } else {
           held.recorded[i] = std::move(r);
         }
@@ -437,11 +436,9 @@ struct ChainRun {
     const Shape& shape = i > 0 ? first.out_shapes[static_cast<std::size_t>(i - 1)] : input_shape;
     Tensor input;
     if (step.input) {
-      if (static_cast<std::uint32_t>(step.input->storage->version()) != step.input->version)
-        throw CheckpointError(modified_in_place(name, fmt::format("x_{} (shape {}), which step {}", i, shape, i),
-                                                static_cast<std::uint32_t>(step.input->storage->version()),
-                                                step.input->version));
-      input = Tensor(step.input->storage, shape);
+      // Checked against in-place writes since the step read it (and read back from its store).
+      const std::string who = fmt::format("{}: x_{} (shape {}), which step {} reads,", name, i, shape, i);
+      input = Tensor(step.input->saved.ref(who.c_str()).storage, shape);
     } else {
       input = unread_tensor<float>(shape);  // its backward reads nothing of it
     }

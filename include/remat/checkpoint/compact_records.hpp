@@ -22,6 +22,7 @@
 
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
+#include "remat/core/autograd.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/op_output.hpp"
 #include "remat/core/saved_tensor.hpp"
@@ -36,9 +37,9 @@ class CompactRecorder final : public OpOutputHook {
   explicit CompactRecorder(const Storage* input) : input_(input), first_serial_(next_storage_serial(false)) {}
 
   void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
-    std::vector<std::weak_ptr<Storage>>& outs = outputs_.emplace_back();
+    std::vector<Made>& outs = outputs_.emplace_back();
     for (const TensorRef& v : values) {
-      outs.push_back(v.storage);
+      outs.push_back({v.storage, v.shape, v.dtype});
       made_at_[v.storage->serial()].push_back(static_cast<std::uint32_t>(outputs_.size() - 1));
     }
     OpOutputHook::produced(out, values);
@@ -62,8 +63,8 @@ class CompactRecorder final : public OpOutputHook {
 
   struct Output {
     std::uint32_t position;
-    std::uint32_t version;
-    std::shared_ptr<Storage> storage;
+    std::uint64_t version;  // when its node saved it
+    TensorRef ref;
   };
   /// What the step's backward reads, gathered when its run ends (the recorder is a scoped hook).
   struct Notes {
@@ -74,46 +75,51 @@ class CompactRecorder final : public OpOutputHook {
   Notes notes() const {
     Notes n{{}, input_read_, complete_};
     for (const auto& [p, outs] : kept_)
-      for (const auto& [storage, version] : outs) n.held.push_back({p, version, storage});
+      for (const auto& [ref, version] : outs) n.held.push_back({p, version, ref});
     return n;
   }
 
  private:
+  struct Made {
+    std::weak_ptr<Storage> storage;
+    Shape shape;
+    const char* dtype;
+  };
   void keep(std::uint32_t p) {
     if (kept_.count(p)) return;
-    std::vector<std::pair<std::shared_ptr<Storage>, std::uint32_t>> outs;
-    for (const std::weak_ptr<Storage>& w : outputs_[p]) {
-      std::shared_ptr<Storage> s = w.lock();
+    std::vector<std::pair<TensorRef, std::uint64_t>> outs;
+    for (const Made& m : outputs_[p]) {
+      std::shared_ptr<Storage> s = m.storage.lock();
       if (!s) {
         complete_ = false;  // another output of the op is gone: it cannot be handed back whole
         return;
       }
-      const auto version = static_cast<std::uint32_t>(s->version());
-      outs.emplace_back(std::move(s), version);
+      const std::uint64_t version = s->version();
+      outs.emplace_back(TensorRef{std::move(s), m.shape, m.dtype}, version);
     }
     kept_.emplace(p, std::move(outs));
   }
 
   const Storage* input_;
   std::uint64_t first_serial_;
-  std::vector<std::vector<std::weak_ptr<Storage>>> outputs_;
+  std::vector<std::vector<Made>> outputs_;
   std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> made_at_;
-  std::map<std::uint32_t, std::vector<std::pair<std::shared_ptr<Storage>, std::uint32_t>>> kept_;
+  std::map<std::uint32_t, std::vector<std::pair<TensorRef, std::uint64_t>>> kept_;
   bool input_read_ = false;
   bool complete_ = true;
 };
 
-/// The compactly recorded steps of one chain, newest last. Held tensors count as saved for
-/// backward in memory_stats(), as the nodes that would hold them do. Per step: the held storages
-/// (24 bytes each beside the tensor) and 16 bytes.
+/// The compactly recorded steps of one chain, newest last. Held tensors are saved for backward as
+/// the nodes that would hold them are: counted in memory_stats(), or handed to the saved-tensor
+/// store in force (SavedBy::chain). Per step: a saved record per held tensor and 16 bytes.
 class CompactRecords {
  public:
   static constexpr std::uint32_t kInput = ~std::uint32_t{0};  // position of a held step input
 
   struct Held {
     std::uint32_t position;
-    std::uint32_t version;  // low 32 bits of the storage's version when saved
-    std::shared_ptr<Storage> storage;
+    std::uint64_t serial;  // the storage's, to find a step's input among the step before's outputs
+    SavedTensor saved;     // version-checked (and unpacked, when a store holds it) when read
   };
   /// One step: its held outputs, and where its input is (an entry of its own or of the step
   /// before it, whose output it is), or nowhere when its backward does not read it.
@@ -137,26 +143,39 @@ class CompactRecords {
     return false;
   }
 
-  /// Holds step `step` (after every step held so far) as its recorder noted it; `input` is its input.
-  void add(std::int64_t step, CompactRecorder::Notes notes, const std::shared_ptr<Storage>& input,
-           std::uint64_t input_version, bool output_requires_grad) {
+  /// Holds step `step` (after every step held so far) as its recorder noted it; `input` is its
+  /// input, with the version it had when the step read it.
+  void add(std::int64_t step, CompactRecorder::Notes notes, const Tensor& input, std::uint64_t input_version,
+           bool output_requires_grad) {
     REMAT_ASSERT(records_.empty() || records_.back().step < step);
     REMAT_CHECK(step < kInput && held_.size() < kInput, "chain: too many steps to hold compactly ({})", step);
     Record r{static_cast<std::uint32_t>(step), static_cast<std::uint32_t>(held_.size()), kNone, output_requires_grad};
+    std::vector<SavedTensor> saved;
+    std::vector<std::uint32_t> positions;
+    std::vector<std::uint64_t> serials;
     for (CompactRecorder::Output& o : notes.held) {
-      o.storage->retain_saved();
-      held_.push_back({o.position, o.version, std::move(o.storage)});
+      saved.emplace_back(o.ref);
+      saved.back().set_saved_version(o.version);
+      positions.push_back(o.position);
+      serials.push_back(o.ref.storage->serial());
     }
     if (notes.input_read) {
       // The step before usually holds it already, as its own output.
       if (!records_.empty())
         for (std::uint32_t k = records_.back().first; k < r.first; ++k)
-          if (held_[k].storage == input) r.input = k;
+          if (held_[k].serial == input.storage()->serial()) r.input = k;
       if (r.input == kNone) {
-        input->retain_saved();
-        r.input = static_cast<std::uint32_t>(held_.size());
-        held_.push_back({kInput, static_cast<std::uint32_t>(input_version), input});
+        r.input = static_cast<std::uint32_t>(held_.size() + saved.size());
+        saved.emplace_back(input);
+        saved.back().set_saved_version(input_version);
+        positions.push_back(kInput);
+        serials.push_back(input.storage()->serial());
       }
+    }
+    pack_saved(saved, SaveContext{"chain step", SavedBy::chain});
+    for (std::size_t k = 0; k < saved.size(); ++k) {
+      saved[k].retain();
+      held_.push_back({positions[k], serials[k], std::move(saved[k])});
     }
     records_.push_back(r);
   }
@@ -175,7 +194,7 @@ class CompactRecords {
   void drop(std::int64_t step) {
     REMAT_ASSERT(!records_.empty() && records_.back().step == step);
     while (held_.size() > records_.back().first) {
-      held_.back().storage->release_saved();
+      held_.back().saved.release();
       held_.pop_back();
     }
     records_.pop_back();
@@ -215,15 +234,14 @@ class CompactRebuilder final : public OpOutputHook {
     std::vector<TensorRef> refs;
     std::size_t bytes = 0;
     for (; next_ != last_ && next_->position == position_; ++next_) {
-      const Storage& s = *next_->storage;
       const std::size_t k = refs.size();
       if (k >= out.count) break;
-      if (static_cast<std::uint32_t>(s.version()) != next_->version)
-        throw CheckpointError(modified_in_place(who_, fmt::format("a tensor of {} bytes that '{}'", s.bytes(), out.op.name()),
-                                                static_cast<std::uint32_t>(s.version()), next_->version));
-      refs.push_back({next_->storage, out.shapes ? out.shapes[k] : out.shape,
+      // The held tensor, checked against in-place writes since it was held (and read back from the
+      // store that keeps it, if one does).
+      const TensorRef held = next_->saved.ref(who_.c_str());
+      refs.push_back({held.storage, out.shapes ? out.shapes[k] : out.shape,
                       out.dtypes ? out.dtypes[k] : (k == 0 ? out.dtype : nullptr)});
-      bytes += s.bytes();
+      bytes += held.storage->bytes();
     }
     if (refs.size() != out.count || bytes != out.bytes || (next_ != last_ && next_->position == position_))
       throw CheckpointError(fmt::format("{}: op #{} '{}' made {} output(s) of {} bytes when the step was rebuilt, but {} "

@@ -5,26 +5,34 @@
 //
 //   { remat::MemoryBudget budget(512 << 20); loss = model.loss(x, y); loss.backward(); }
 //
-// While it lives, every op output computed for a recorded graph is registered with how to compute
-// it again (the op's own compute, holding its inputs and, for a random op, the generator state it
-// drew at). Before bytes join the saved-for-backward books, the budget discards registered outputs
+// A budget is a saved-tensor store and an observer (core/saved_tensor_hooks.hpp,
+// core/observer.hpp), nothing more. As an observer it registers every op output computed for a
+// recorded graph with how to compute it again (the op's offered Recompute: its own compute,
+// holding its inputs and, for a random op, the generator state it drew at). As the store it is
+// handed each tensor a node saves (checkpoint boundaries, chain snapshots and compactly held steps
+// too), and before those bytes join the saved-for-backward books it discards registered outputs
 // until they fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x
 // staleness) goes first, searched through an index of the candidates by class of cost per byte
-// (choose()) — and a discarded output is recomputed, its discarded inputs first, when something
-// reads it. Leaves, parameters, tensors the user holds and tensors an op or a backward is
+// (choose()). A discarded output is recomputed, its discarded inputs first, when its store's
+// unpack (or pin, before a node's backward) is asked for it: only saved records and the budget's
+// own recipes hold what it discards, so nothing else can read it, and a storage stays bytes that
+// never call up. Leaves, parameters, tensors the user holds and tensors an op or a backward is
 // reading are never discarded. The inputs a recomputation would read cost nothing while something
-// else holds them; once only recomputations do, a rebuildable one is let go (released: rebuilt
-// in turn if a recomputation needs it) and any other is counted as saved. So a budget at or above
-// the step's activation peak without a budget never discards and never raises that peak. The discards of a step are logged, and the log of one step is a
-// static plan the next steps replay without searching (training steps repeat): a budget that lives
-// across steps does so by itself, while each step registers the ops of the last one (op, output
-// bytes, in order), and searches again from the first op that differs.
+// else holds them; once only recomputations do, a rebuildable one is let go (released: rebuilt in
+// turn if a recomputation needs it) and any other is counted as saved. So a budget at or above the
+// step's activation peak without a budget never discards and never raises that peak. The discards
+// of a step are logged, and the log of one step is a static plan the next steps replay without
+// searching (training steps repeat): a budget that lives across steps does so by itself, while
+// each step registers the ops of the last one (op, output bytes, in order), and searches again
+// from the first op that differs.
 //
-// A budget below what the step needs is a remat::Error at the end of that step's backward, naming
-// the smallest budget that worked (measured); the step's gradients are complete and exact all the
-// same, and the next step can retry with that budget.
+// A store inside the budget (SaveInBFloat16, Offload) is asked first; what it declines the budget
+// keeps. A budget below what the step needs is a remat::Error at the end of that step's backward,
+// naming the smallest budget that worked (measured); the step's gradients are complete and exact
+// all the same, and the next step can retry with that budget.
 
 #include <algorithm>
+#include <any>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -51,41 +59,53 @@
 #include "remat/core/autograd.hpp"
 #include "remat/core/hash.hpp"
 #include "remat/core/memory.hpp"
+#include "remat/core/observer.hpp"
 #include "remat/core/op_output.hpp"
+#include "remat/core/saved_tensor_hooks.hpp"
 #include "remat/core/timeline.hpp"
 
 namespace remat {
+namespace detail {
 
-/// RAII: while it lives, the activation bytes saved for backward on this thread's graphs stay at or
-/// under the budget (this thread's books: what the graphs built on this thread save, parameters
-/// apart; the process's memory_stats().saved_activation_bytes adds every thread's). One per thread at a time. Run both
-/// forward and backward inside it: when it ends, outputs still discarded and still needed by a
-/// graph kept for another backward are recomputed, without a budget.
-class MemoryBudget final : public OpOutputHook, public detail::Residency {
+class BudgetCore;
+
+/// What a node keeps of a tensor the budget holds for it: the tensor, and the budget, which it
+/// tells when it lets go. One saved reference of the storage while it lives.
+struct BudgetHold {
+  BudgetHold(TensorRef r, std::shared_ptr<BudgetCore> c);
+  ~BudgetHold();
+  BudgetHold(const BudgetHold&) = delete;
+  BudgetHold& operator=(const BudgetHold&) = delete;
+
+  TensorRef ref;
+  std::shared_ptr<BudgetCore> core;
+};
+
+/// The budget's state and decisions; MemoryBudget is its scope on one thread. Shared with every
+/// hold, since a graph may outlive the scope (then closed: it decides nothing more).
+class BudgetCore {
  public:
-  /// A limit of `bytes` on the activation bytes saved for backward on this thread; one budget per
-  /// thread at a time.
-  explicit MemoryBudget(std::size_t bytes) : budget_(bytes), limit_(bytes), owner_(std::this_thread::get_id()) {
-    REMAT_CHECK(detail::active_residency() == nullptr,
-                "MemoryBudget: another budget is active on this thread; budgets do not nest");
-    slot_ = &detail::active_residency();
-    *slot_ = this;
-    begin_step();
-  }
-  /// A budget that replays `plan` (from an earlier step's log) instead of searching.
-  explicit MemoryBudget(DiscardPlan plan) : MemoryBudget(plan.budget) {
+  BudgetCore(std::size_t bytes, std::thread::id owner) : budget_(bytes), limit_(bytes), owner_(owner) { begin_step(); }
+  BudgetCore(const BudgetCore&) = delete;
+  BudgetCore& operator=(const BudgetCore&) = delete;
+
+  void use_plan(DiscardPlan plan) {
     plan_ = std::move(plan);
     given_plan_ = true;
   }
 
-  ~MemoryBudget() override {
-    // Its own thread's slot, wherever it ends: one destroyed on another thread (handed over in a
-    // holder) must not leave its thread pointing at freed memory.
-    if (*slot_ == this) *slot_ = nullptr;
+  std::size_t budget() const { return budget_; }
+  const BudgetLog& log() const { return log_; }
+  const BudgetLog& last_log() const { return last_log_; }
+  /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
+  std::size_t least_feasible_bytes() const { return last_log_.least_feasible; }
+
+  // --- the scope's end ---------------------------------------------------------------------------
+  /// Outputs still discarded and needed by a graph kept for another backward (or never run) are
+  /// recomputed now, without a budget, oldest first; then the budget lets go of all it holds.
+  void close() {
     closing_ = true;
     prune();
-    // What is still registered is needed by a graph kept for another backward (or never run):
-    // bring back what was discarded, oldest first, then let go of every storage.
     std::vector<std::shared_ptr<Recipe>> left = recipes();
     std::sort(left.begin(), left.end(), [](const auto& a, const auto& b) { return a->order < b->order; });
     for (const auto& r : left)
@@ -97,140 +117,75 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
             // Left discarded: reading it later is a remat::Error (memory.hpp), not a crash.
           }
         }
+    left.clear();
     index_.clear();
+    by_index_.clear();
     auto entries = std::move(entries_);
     entries_.clear();
-    for (auto& [storage, entry] : entries) const_cast<detail::Storage*>(storage)->attach(nullptr);
     entries.clear();  // recipes go here, releasing what they held
-    for (auto& [storage, held] : counted_) held->release_saved();
+    auto counted = std::move(counted_);
+    counted_.clear();
+    for (auto& [serial, held] : counted) held->release_saved();
+    counted.clear();
+    reads_.clear();
+    pending_.clear();
+    keep_.clear();
+    hashes_.clear();
   }
-  MemoryBudget(const MemoryBudget&) = delete;
-  MemoryBudget& operator=(const MemoryBudget&) = delete;
+  bool closed() const { return closing_; }
 
-  /// The byte limit it was constructed with.
-  std::size_t budget() const { return budget_; }
-  /// The log of the step in progress (since the budget began or the last backward ended).
-  const BudgetLog& log() const { return log_; }
-  /// The log of the last step that ended with a backward.
-  const BudgetLog& last_log() const { return last_log_; }
-  /// The last completed step's decisions as a static plan.
-  DiscardPlan plan() const { return DiscardPlan::from(last_log_); }
-  /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
-  std::size_t least_feasible_bytes() const { return last_log_.least_feasible; }
-
-  // --- op-output hook -------------------------------------------------------------------------
-  bool wants_recompute() const override { return registering(); }
-
-  /// Before an op computes: what only recipes hold goes first, as it would have without a budget.
-  bool skip(const OpOutput& out) override {
-    sweep(nullptr);
-    return OpOutputHook::skip(out);
+  // --- the store ---------------------------------------------------------------------------------
+  /// A tensor a node saves: the budget keeps it (a hold), parameters apart (alive anyway).
+  static std::any pack(const std::shared_ptr<BudgetCore>& self, const AnyTensor& t) {
+    if (self->closing_ || t.ref().storage->parameter()) return {};
+    return std::make_shared<BudgetHold>(t.ref(), self);
   }
 
-  void recomputable(const OpOutput& out, const std::vector<detail::TensorRef>& values, Recompute how) override {
-    if (!registering()) return;
-    auto recipe = std::make_shared<Recipe>();
-    recipe->op = out.op;
-    recipe->flops = out.flops;
-    recipe->weight = out.flops + kFlopsPerOutputByte * static_cast<double>(out.bytes);
-    recipe->order = next_order_++;
-    recipe->index = by_index_.size();
-    recipe->outputs.resize(values.size());
-    recipe->versions.resize(values.size());
-    bool any = false;
-    const std::uint64_t now = ++clock_;
-    for (std::size_t i = 0; i < values.size(); ++i) {
-      detail::Storage* s = values[i].storage.get();
-      // A view of an input (reshape) is not this op's to recompute; nor is an empty tensor.
-      if (s->serial() < how.first_new_serial || s->residency() != nullptr || s->bytes() == 0) continue;
-      recipe->outputs[i] = values[i].storage;
-      recipe->versions[i] = s->version();
-      auto entry = entries_.insert_or_assign(s, Entry{recipe, i, now}).first;
-      s->attach(this);  // a candidate once something saves it (make_room)
-      if (s->saved_refs() > 0) index(*entry);
-      any = true;
-    }
-    by_index_.push_back(recipe);
-    // The op sequence of the step, against the last one's while its plan is replayed.
-    std::uint64_t sig = detail::fnv1a(out.op.name(), std::strlen(out.op.name()));
-    sig = detail::fnv1a(&out.bytes, sizeof out.bytes, sig);
-    ops_.push_back(sig);
-    if (reusing_ && (ops_.size() > last_ops_.size() || last_ops_[ops_.size() - 1] != sig)) {
-      plan_.reset();  // a different step: the search decides from here on
-      reusing_ = false;
-      log_.plan_abandoned = true;
-    }
-    if (!any) return;
-    recipe->how = std::move(how);
-    for (std::size_t i = 0; i < recipe->how.reads.size(); ++i) {
-      const std::shared_ptr<detail::Storage>& in = recipe->how.reads[i];
-      // Not counted while something else holds it (sweep() decides when nothing does).
-      in->bookkeeping_refs() += recipe->how.held_by_compute[i] + 1;
-      if (in->parameter()) continue;
-      auto [read, fresh] = reads_.try_emplace(in.get(), Read{in, {}});
-      if (!fresh && read->second.storage.lock() != in) {
-        // A storage the budget never attached dies without forget(): this is another at its address.
-        read->second = Read{in, {}};
-        keep_.erase(in.get());
-        fresh = true;
-      }
-      read->second.readers.push_back(recipe);
-      if (fresh) pending_.insert(in.get());
-      if (auto it = entries_.find(in.get()); it != entries_.end()) touch(*it, now);
-    }
-    sweep(nullptr);
+  /// The tensor again, recomputed first if it was discarded.
+  AnyTensor unpack(const BudgetHold& h) {
+    if (!closing_ && !h.ref.storage->resident()) rebuild(*h.ref.storage);
+    return AnyTensor(h.ref);
   }
 
-  // --- residency ------------------------------------------------------------------------------
-  /// Residency: the storage's bytes, recomputed first if they were discarded.
-  void* access(detail::Storage& s) override {
-    if (!s.resident()) rebuild(s);
-    return s.raw_data();
+  /// A backward is about to read the tensor: recomputed if discarded, a use (for staleness), and
+  /// held until the returned handle goes.
+  std::shared_ptr<void> pin(const BudgetHold& h) {
+    if (closing_) return nullptr;
+    std::shared_ptr<Storage> held = h.ref.storage;
+    if (!held->resident()) rebuild(*held);
+    if (auto it = entries_.find(held->serial()); it != entries_.end()) touch(*it, ++clock_);
+    sweep(held.get());
+    return held;
   }
 
-  /// Residency: a backward is about to read `s` (a use, for staleness).
-  void used(detail::Storage& s) override {
-    if (auto it = entries_.find(&s); it != entries_.end()) touch(*it, ++clock_);
-    sweep(&s);
+  /// Where a held tensor is, for print_saved_tensors().
+  PackedState state(const BudgetHold& h) const {
+    const Storage& s = *h.ref.storage;
+    PackedState st;
+    st.storage = &s;
+    st.discarded = !s.resident();
+    st.ram_bytes = st.discarded ? 0 : s.bytes();
+    st.where = st.discarded ? "discarded by a memory budget" : "in RAM (memory budget)";
+    if (st.discarded)
+      if (auto it = entries_.find(s.serial()); it != entries_.end()) st.rebuild_flops = flops_to_rebuild(*it->second.recipe);
+    return st;
   }
 
-  /// Residency: no saved record holds `s` now; if only recomputations do, the next sweep lets it go.
-  void unsaved(detail::Storage& s) override {
-    if (closing_) return;
-    if (auto it = entries_.find(&s); it != entries_.end()) unindex(*it);  // not saved: nothing to discard
-    if (reads_.count(&s)) pending_.insert(&s);
-  }
-
-  /// Residency: `s` is being destroyed; its recipe goes with it.
-  void forget(detail::Storage& s) noexcept override {
-    hashes_.erase(&s);
-    reads_.erase(&s);
-    pending_.erase(&s);
-    keep_.erase(&s);
-    if (auto it = entries_.find(&s); it != entries_.end()) unindex(*it);
-    auto node = entries_.extract(&s);  // the recipe (and what it holds) may go when `node` does
-  }
-
-  /// Residency: what recomputing `s` would cost (flops; 0 for a storage it does not know).
-  double rebuild_cost(const detail::Storage& s) const override {
-    auto it = entries_.find(&s);
-    return it == entries_.end() ? 0.0 : flops_to_rebuild(*it->second.recipe);
-  }
-
-  /// Residency: before `bytes` of `incoming` join the saved books, discards others until they fit.
-  void make_room(std::size_t bytes, const detail::Storage* incoming) override {
+  /// Before `bytes` of `incoming` join the saved books (a hold taken, a recomputation's input
+  /// counted, a rebuilt output back): discards others until they fit.
+  void make_room(std::size_t bytes, const Storage* incoming) {
     if (closing_) return;
     sweep(incoming);
     // Saved from now on, so a candidate (a rebuilt one is indexed when its bytes are back).
     if (incoming && incoming->resident())
-      if (auto it = entries_.find(incoming); it != entries_.end() && !it->second.indexed) index(*it);
+      if (auto it = entries_.find(incoming->serial()); it != entries_.end() && !it->second.indexed) index(*it);
     const std::size_t moment = moment_++;
     std::size_t saved = books_->saved_bytes();
     if (plan_) {
       while (next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment < moment) ++next_planned_;
       for (; next_planned_ < plan_->discards.size() && plan_->discards[next_planned_].moment == moment; ++next_planned_) {
         const DiscardPlan::Discard& d = plan_->discards[next_planned_];
-        detail::Storage* s = planned(d, incoming);
+        Storage* s = planned(d, incoming);
         if (!s) {
           ++log_.plan_misses;
           continue;
@@ -242,7 +197,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     while (saved + bytes > limit_) {
       ++log_.decisions;
       const auto searching = std::chrono::steady_clock::now();
-      detail::Storage* victim = choose(incoming);
+      Storage* victim = choose(incoming);
       log_.search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - searching).count();
       if (!victim) {
         // Nothing left to discard: the step needs more than the budget. Go on (the gradients stay
@@ -254,7 +209,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
         const std::size_t needed = saved + bytes;
         if (!over_)
           first_over_ = fmt::format("first during {}: {} B would be saved with {} B arriving, and nothing left could "
-                                    "be discarded", detail::session().backward_depth > 0 ? "backward" : "forward",
+                                    "be discarded", session().backward_depth > 0 ? "backward" : "forward",
                                     needed, bytes);
         over_ = true;
         least_ = std::max(least_, needed);
@@ -267,17 +222,46 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     }
   }
 
-  /// Residency: the outermost backward returned; ends the step's log, and throws (gradients complete) when the step did not fit.
-  void backward_ended(bool completed) override {
+  /// A saved reference the budget takes (or a hold): room made first when the bytes join the books.
+  void retain_saved(Storage& s) {
+    if (s.saved_refs() == 0 && s.resident() && !s.parameter()) make_room(s.bytes(), &s);
+    s.retain_saved();
+  }
+  /// The hold of `s` let go: when no saved record holds it any more, it may now be held only for
+  /// recomputations (the next sweep settles it); when nothing holds it at all, it is forgotten.
+  void release_saved(std::shared_ptr<Storage> s) {
+    s->release_saved();
+    if (s->saved_refs() == 0) unsaved(*s);
+    const std::uint64_t serial = s->serial();
+    const std::weak_ptr<Storage> w = s;
+    s.reset();
+    if (w.expired()) forget(serial);
+  }
+
+  // --- the observer ------------------------------------------------------------------------------
+  /// Before an op makes its outputs: what only recipes hold goes first, as it would have without a
+  /// budget.
+  void op_begin() { sweep(nullptr); }
+
+  /// An op made its outputs: registered with how to compute them again, when computed for a graph
+  /// being recorded.
+  void op(const OpOutput& out, const OpValues& values) {
+    if (out.recompute == nullptr || !registering()) return;
+    recomputable(out, values, out.recompute->take());
+  }
+
+  /// The outermost backward returned: ends the step's log, and throws (gradients complete) when the
+  /// step did not fit.
+  void backward_ended(bool completed) {
+    if (closing_) return;
     prune();
     finish_step();
     if (completed && last_log_.least_feasible > 0)
       throw Error(fmt::format(
           "MemoryBudget: the step needs more than the budget of {} B of activations saved for backward ({}). The "
-          "smallest budget "
-          "that works for this step is {} B (measured: the step went on under a limit raised to each moment's need; "
-          "MemoryBudget(budget.plan()) replays its decisions within that budget); the step's gradients are complete "
-          "and exact", budget_, last_first_over_, last_log_.least_feasible));
+          "smallest budget that works for this step is {} B (measured: the step went on under a limit raised to each "
+          "moment's need; MemoryBudget(budget.plan()) replays its decisions within that budget); the step's gradients "
+          "are complete and exact", budget_, last_first_over_, last_log_.least_feasible));
   }
 
  private:
@@ -288,29 +272,106 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     std::uint64_t order = 0;  // across steps, for pruning newest first
     std::size_t index = 0;    // within its step, for plans and logs
     Recompute how;
-    std::vector<std::weak_ptr<detail::Storage>> outputs;
+    std::vector<std::shared_ptr<int>> read_refs;  // per read: the budget's count of references to it
+    std::vector<std::weak_ptr<Storage>> outputs;
     std::vector<std::uint64_t> versions;
 
     ~Recipe() {
-      if (!how.compute) return;  // registered nothing, so holds nothing
-      for (std::size_t i = 0; i < how.reads.size(); ++i) how.reads[i]->bookkeeping_refs() -= how.held_by_compute[i] + 1;
+      for (std::size_t i = 0; i < read_refs.size(); ++i)
+        if (read_refs[i]) *read_refs[i] -= how.held_by_compute[i] + 1;
     }
   };
   struct Entry {
     std::shared_ptr<Recipe> recipe;
+    Storage* storage = nullptr;  // valid while recipe->outputs[output] has not expired
     std::size_t output = 0;
     std::uint64_t last_use = 0;
     double cost = 0;       // what rebuilding it would cost now (cost()), kept current while indexed
     int bucket = 0;        // its class of cost per byte in the index
     bool indexed = false;  // a candidate: saved, resident, registered
   };
-  using EntryRef = std::pair<const detail::Storage* const, Entry>;
+  using EntryRef = std::pair<const std::uint64_t, Entry>;  // by the storage's serial
+
 
   /// Register what ops compute for a graph being recorded: the forward, and a replay's nested tape
   /// (not what a backward function computes for its gradients).
   bool registering() const {
-    const detail::Session& st = detail::session();
+    const Session& st = session();
     return !closing_ && st.grad_enabled && st.recording && (st.backward_depth == 0 || st.replay_depth > 0);
+  }
+
+  void recomputable(const OpOutput& out, const OpValues& values, Recompute how) {
+    auto recipe = std::make_shared<Recipe>();
+    recipe->op = out.op;
+    recipe->flops = out.flops;
+    recipe->weight = out.flops + kFlopsPerOutputByte * static_cast<double>(out.bytes);
+    recipe->order = next_order_++;
+    recipe->index = by_index_.size();
+    recipe->outputs.resize(values.size());
+    recipe->versions.resize(values.size());
+    bool any = false;
+    const std::uint64_t now = ++clock_;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      Storage* s = values[i].storage.get();
+      // A view of an input (reshape) is not this op's to recompute; nor is an empty tensor, nor
+      // one registered already.
+      if (s->serial() < how.first_new_serial || s->bytes() == 0 || entries_.count(s->serial())) continue;
+      recipe->outputs[i] = values[i].storage;
+      recipe->versions[i] = s->version();
+      auto entry = entries_.insert_or_assign(s->serial(), Entry{recipe, s, i, now}).first;
+      if (s->saved_refs() > 0) index(*entry);  // a candidate once something saves it (make_room)
+      any = true;
+    }
+    by_index_.push_back(recipe);
+    ++log_.registered;
+    // The op sequence of the step, against the last one's while its plan is replayed.
+    std::uint64_t sig = fnv1a(out.op.name(), std::strlen(out.op.name()));
+    sig = fnv1a(&out.bytes, sizeof out.bytes, sig);
+    ops_.push_back(sig);
+    if (reusing_ && (ops_.size() > last_ops_.size() || last_ops_[ops_.size() - 1] != sig)) {
+      plan_.reset();  // a different step: the search decides from here on
+      reusing_ = false;
+      log_.plan_abandoned = true;
+    }
+    if (!any) return;
+    recipe->how = std::move(how);
+    recipe->read_refs.resize(recipe->how.reads.size());
+    for (std::size_t i = 0; i < recipe->how.reads.size(); ++i) {
+      const std::shared_ptr<Storage>& in = recipe->how.reads[i];
+      if (in->parameter()) continue;
+      auto [read, fresh] = reads_.try_emplace(in->serial(), Read{in, {}, std::make_shared<int>(0)});
+      // Not counted while something else holds it (sweep() decides when nothing does).
+      *read->second.refs += recipe->how.held_by_compute[i] + 1;
+      recipe->read_refs[i] = read->second.refs;
+      read->second.readers.push_back(recipe);
+      if (fresh) pending_.insert(in->serial());
+      if (auto it = entries_.find(in->serial()); it != entries_.end()) touch(*it, now);
+    }
+    sweep(nullptr);
+  }
+
+  /// No saved record holds `s` now; if only recomputations do, the next sweep lets it go.
+  void unsaved(const Storage& s) {
+    if (closing_) return;
+    if (auto it = entries_.find(s.serial()); it != entries_.end()) unindex(*it);  // not saved: nothing to discard
+    if (reads_.count(s.serial())) pending_.insert(s.serial());
+  }
+
+  /// The storage of serial `serial` is gone; its recipe goes with it.
+  void forget(std::uint64_t serial) {
+    if (closing_) return;
+    hashes_.erase(serial);
+    reads_.erase(serial);
+    pending_.erase(serial);
+    keep_.erase(serial);
+    if (auto it = entries_.find(serial); it != entries_.end()) unindex(*it);
+    auto node = entries_.extract(serial);  // the recipe (and what it holds) may go when `node` does
+  }
+
+  /// The references the budget's recipes hold to `s` (which do not make it "held by the user").
+  int budget_refs(const Storage& s) const {
+    auto it = reads_.find(s.serial());
+    return it == reads_.end() ? 0 : *it->second.refs;
   }
 
   /// The heuristic's price of an output byte, in flops: element-wise ops move bytes at a few
@@ -330,7 +391,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     memo[&r] = c;  // an input shared along two paths counts once per path at most
     for (const auto& in : r.how.reads)
       if (!in->resident())
-        if (auto it = entries_.find(in.get()); it != entries_.end()) c += cost(*it->second.recipe, memo, measure);
+        if (auto it = entries_.find(in->serial()); it != entries_.end()) c += cost(*it->second.recipe, memo, measure);
     memo[&r] = c;
     return c;
   }
@@ -340,13 +401,12 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     return cost(r, memo, &Recipe::flops);
   }
 
-  bool discardable(const detail::Storage& s, const Entry& e, const std::weak_ptr<detail::Storage>& w,
-                   const detail::Storage* incoming) const {
+  bool discardable(const Storage& s, const Entry& e, const std::weak_ptr<Storage>& w, const Storage* incoming) const {
     if (&s == incoming || !s.resident() || s.saved_refs() == 0) return false;
     if (s.version() != e.recipe->versions[e.output]) return false;  // written in place since
-    // Held by nothing but saved lists and the budget's own recipes: no user handle, no op or
+    // Held by nothing but saved records and the budget's own recipes: no user handle, no op or
     // backward reading it now.
-    return w.use_count() == s.saved_refs() + s.bookkeeping_refs();
+    return w.use_count() == s.saved_refs() + budget_refs(s);
   }
 
   /// The candidate with the least DTR score, cost / (bytes x staleness), searched through the index:
@@ -354,19 +414,24 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// neighbours) and, inside a class, oldest use first; so the oldest discardable candidate of each
   /// class is the best of its class up to that width, and a decision looks at one candidate per
   /// class instead of every registered output. Ties go to the earliest op, whatever the addresses.
-  detail::Storage* choose(const detail::Storage* incoming) {
-    detail::Storage* best = nullptr;
+  Storage* choose(const Storage* incoming) {
+    Storage* best = nullptr;
     double best_score = std::numeric_limits<double>::infinity();
     std::pair<std::uint64_t, std::size_t> best_key{};
     for (auto cls = index_.begin(); cls != index_.end();) {
       std::set<Slot>& slots = cls->second;
       for (auto it = slots.begin(); it != slots.end();) {
-        auto* s = const_cast<detail::Storage*>(it->storage);
+        const auto found = entries_.find(it->serial);
+        if (found == entries_.end() || found->second.recipe->outputs[found->second.output].expired()) {
+          it = slots.erase(it);  // gone
+          continue;
+        }
+        Entry& e = found->second;
+        Storage* s = e.storage;
         if (s == incoming) {
           ++it;  // saved the moment this room is made
           continue;
         }
-        Entry& e = entries_.find(s)->second;
         if (!s->resident() || s->saved_refs() == 0 || s->version() != e.recipe->versions[e.output]) {
           e.indexed = false;  // not a candidate until saved (or rebuilt) again; written in place: never
           it = slots.erase(it);
@@ -406,7 +471,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
       CostMemo memo;
       e.cost = cost(*e.recipe, memo);
     }
-    e.bucket = static_cast<int>(std::floor(std::log(e.cost / static_cast<double>(ref.first->bytes())) /
+    e.bucket = static_cast<int>(std::floor(std::log(e.cost / static_cast<double>(e.storage->bytes())) /
                                            std::log(kClassWidth)));
     index_[e.bucket].insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
     e.indexed = true;
@@ -433,13 +498,13 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   }
   /// `s` went away or came back: what rebuilding each candidate computed from it (through outputs
   /// that are away, recursively) would cost has changed.
-  void recost_readers(const detail::Storage& s) {
+  void recost_readers(const Storage& s) {
     // Small: the readers of one storage, and whatever is away beyond them (a linear seen list).
-    std::vector<const detail::Storage*> seen{&s}, todo{&s};
+    std::vector<const Storage*> seen{&s}, todo{&s};
     while (!todo.empty()) {
-      const detail::Storage* from = todo.back();
+      const Storage* from = todo.back();
       todo.pop_back();
-      const auto read = reads_.find(from);
+      const auto read = reads_.find(from->serial());
       if (read == reads_.end()) continue;
       for (const auto& reader : read->second.readers) {
         const std::shared_ptr<Recipe> recipe = reader.lock();
@@ -448,7 +513,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
           auto o = w.lock();
           if (!o || std::find(seen.begin(), seen.end(), o.get()) != seen.end()) continue;
           seen.push_back(o.get());
-          auto it = entries_.find(o.get());
+          auto it = entries_.find(o->serial());
           if (it == entries_.end()) continue;
           if (!o->resident()) todo.push_back(o.get());
           else if (it->second.indexed) index(*it);
@@ -457,16 +522,16 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     }
   }
 
-  detail::Storage* planned(const DiscardPlan::Discard& d, const detail::Storage* incoming) const {
+  Storage* planned(const DiscardPlan::Discard& d, const Storage* incoming) const {
     if (d.op_index >= by_index_.size()) return nullptr;
     const std::shared_ptr<Recipe> r = by_index_[d.op_index].lock();
     if (!r || d.output >= r->outputs.size()) return nullptr;
     auto s = r->outputs[d.output].lock();
     if (!s) return nullptr;
-    auto it = entries_.find(s.get());
+    auto it = entries_.find(s->serial());
     if (it == entries_.end()) return nullptr;
-    detail::Storage* p = s.get();
-    const std::weak_ptr<detail::Storage> w = s;
+    Storage* p = s.get();
+    const std::weak_ptr<Storage> w = s;
     s.reset();
     return discardable(*p, it->second, w, incoming) ? p : nullptr;
   }
@@ -477,25 +542,25 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// takes the recipes reading it off the books, so their outputs are no longer discardable —
   /// unless one of those outputs is discarded already and needs it to come back: then it is counted
   /// as saved, since only the budget keeps it. Those something else still holds wait for a later
-  /// sweep. Decided first and done after, since letting go may destroy storages (forget()).
-  void sweep(const detail::Storage* incoming) {
+  /// sweep. Decided first and done after, since letting go may destroy storages.
+  void sweep(const Storage* incoming) {
     if (sweeping_ || closing_ || pending_.empty()) return;
     sweeping_ = true;
-    std::vector<std::shared_ptr<detail::Storage>> release, settle;
+    std::vector<std::shared_ptr<Storage>> release, settle;
     for (auto it = pending_.begin(); it != pending_.end();) {
       const auto found = reads_.find(*it);
-      std::shared_ptr<detail::Storage> s = found == reads_.end() ? nullptr : found->second.storage.lock();
+      std::shared_ptr<Storage> s = found == reads_.end() ? nullptr : found->second.storage.lock();
       if (!s || !s->resident() || s->saved_refs() > 0 || s->parameter()) {
         it = pending_.erase(it);  // gone, away, or counted by the record that saves it
         continue;
       }
-      if (s.get() == incoming || s.use_count() - 1 > s->bookkeeping_refs()) {
+      if (s.get() == incoming || s.use_count() - 1 > budget_refs(*s)) {
         ++it;  // a user, an op or a backward holds it
         continue;
       }
       it = pending_.erase(it);
-      const auto entry = entries_.find(s.get());
-      if (!keep_.count(s.get()) && entry != entries_.end() &&
+      const auto entry = entries_.find(s->serial());
+      if (!keep_.count(s->serial()) && entry != entries_.end() &&
           s->version() == entry->second.recipe->versions[entry->second.output])
         release.push_back(std::move(s));
       else
@@ -510,11 +575,11 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     std::sort(settle.begin(), settle.end(), [](const auto& a, const auto& b) { return a->serial() < b->serial(); });
     for (const auto& s : settle) {
       // Rebuilt (so likely needed again), or needed by an output already discarded: counted.
-      std::unordered_set<const detail::Storage*> seen;
-      if (keep_.erase(s.get()) > 0 || needed_for_rebuild(*s, seen)) {
-        if (counted_.count(s.get()) == 0) {
-          s->retain_saved();  // may make room: sweeping_ keeps that from sweeping again
-          counted_.emplace(s.get(), s);
+      std::unordered_set<const Storage*> seen;
+      if (keep_.erase(s->serial()) > 0 || needed_for_rebuild(*s, seen)) {
+        if (counted_.count(s->serial()) == 0) {
+          retain_saved(*s);  // may make room: sweeping_ keeps that from sweeping again
+          counted_.emplace(s->serial(), s);
         }
         continue;
       }
@@ -526,9 +591,9 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   }
 
   /// The recipes reading `s`, those still alive.
-  std::vector<std::shared_ptr<Recipe>> readers_of(const detail::Storage& s) const {
+  std::vector<std::shared_ptr<Recipe>> readers_of(const Storage& s) const {
     std::vector<std::shared_ptr<Recipe>> out;
-    if (auto r = reads_.find(&s); r != reads_.end())
+    if (auto r = reads_.find(s.serial()); r != reads_.end())
       for (const auto& w : r->second.readers)
         if (auto recipe = w.lock()) out.push_back(std::move(recipe));
     return out;
@@ -536,7 +601,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
 
   /// Whether a recomputation the step may still run reads `s`: an output computed from it is away
   /// and held by a saved record (discarded by a decision), or away and, in turn, so needed.
-  bool needed_for_rebuild(const detail::Storage& s, std::unordered_set<const detail::Storage*>& seen) const {
+  bool needed_for_rebuild(const Storage& s, std::unordered_set<const Storage*>& seen) const {
     if (!seen.insert(&s).second) return false;
     for (const auto& recipe : readers_of(s))
       for (const auto& w : recipe->outputs)
@@ -548,43 +613,45 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// Takes the recipes reading `s` off the books, and what they computed that is away (let go,
   /// never to be rebuilt now) with its own readers: their outputs are no longer discardable, and
   /// each recipe, with what it holds, goes when nothing else refers to it.
-  void cut(const detail::Storage& s) {
+  void cut(const Storage& s) {
     for (const auto& recipe : readers_of(s))
       for (const auto& w : recipe->outputs)
-        if (auto o = w.lock(); o && o->residency() == this) {
-          if (auto it = entries_.find(o.get()); it != entries_.end()) unindex(*it);
-          entries_.erase(o.get());
-          o->attach(nullptr);
+        if (auto o = w.lock()) {
+          auto it = entries_.find(o->serial());
+          if (it == entries_.end() || it->second.recipe != recipe) continue;
+          unindex(*it);
+          entries_.erase(it);
           if (!o->resident()) cut(*o);
         }
   }
 
   /// How many saved records (nodes, checkpoints, snapshots) hold `s`: its saved references but the
   /// one the budget takes itself for a storage only recipes hold.
-  int records_holding(const detail::Storage& s) const { return s.saved_refs() - static_cast<int>(counted_.count(&s)); }
+  int records_holding(const Storage& s) const { return s.saved_refs() - static_cast<int>(counted_.count(s.serial())); }
 
   /// Frees a registered output's bytes (hashed first under checking, to verify its rebuild).
-  void forget_bytes(detail::Storage& s) {
-    if (detail::session().check_replay_values) hashes_[&s] = detail::fnv1a(s.raw_data(), s.bytes());
-    if (auto it = entries_.find(&s); it != entries_.end()) unindex(*it);
+  void forget_bytes(Storage& s) {
+    if (session().check_replay_values) hashes_[s.serial()] = fnv1a(s.raw_data(), s.bytes());
+    if (auto it = entries_.find(s.serial()); it != entries_.end()) unindex(*it);
     s.discard();
     recost_readers(s);
   }
 
-  void discard(detail::Storage& s, std::size_t moment) {
-    const Entry& e = entries_.at(&s);
+  void discard(Storage& s, std::size_t moment) {
+    const Entry& e = entries_.at(s.serial());
     log_.events.push_back({BudgetEvent::Kind::discard, moment, e.recipe->index, e.output, e.recipe->op.name(),
                            s.bytes(), flops_to_rebuild(*e.recipe)});
     ++log_.discards;
     forget_bytes(s);
   }
 
-  void rebuild(detail::Storage& s) {
+  void rebuild(Storage& s) {
     REMAT_CHECK(std::this_thread::get_id() == owner_,
                 "MemoryBudget: a discarded tensor was read on another thread than the budget's; recomputation "
                 "runs on the thread that records the graph");
-    auto it = entries_.find(&s);
-    REMAT_ASSERT(it != entries_.end());
+    auto it = entries_.find(s.serial());
+    REMAT_CHECK(it != entries_.end(), "MemoryBudget: a discarded tensor of {} B can no longer be recomputed (its "
+                "recipe was let go)", s.bytes());
     const std::shared_ptr<Recipe> r = it->second.recipe;
     // Inputs first (recursively), each held from its turn until the compute has run, so none is
     // discarded while it reads them (and, as in pin_saved, one still waiting may make room). The
@@ -593,42 +660,44 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     std::vector<std::pair<double, std::size_t>> order;
     CostMemo memo;
     for (std::size_t i = 0; i < r->how.reads.size(); ++i) {
-      const detail::Storage& in = *r->how.reads[i];
-      auto e = in.resident() ? entries_.end() : entries_.find(&in);
+      const Storage& in = *r->how.reads[i];
+      auto e = in.resident() ? entries_.end() : entries_.find(in.serial());
       order.push_back({e == entries_.end() ? 0.0 : cost(*e->second.recipe, memo), i});
     }
     std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    std::vector<std::shared_ptr<detail::Storage>> inputs;
+    std::vector<std::shared_ptr<Storage>> inputs;
     for (const auto& [c, i] : order) {
       inputs.push_back(r->how.reads[i]);
-      inputs.back()->data();
+      if (!inputs.back()->resident()) rebuild(*inputs.back());
     }
     // Held: the outputs this recomputation brings back (a resident sibling stays discardable).
-    std::vector<std::shared_ptr<detail::Storage>> outputs;
+    std::vector<std::shared_ptr<Storage>> outputs;
     for (const auto& w : r->outputs) {
       auto o = w.lock();
       outputs.push_back(o && !o->resident() ? o : nullptr);
     }
-    std::vector<detail::TensorRef> fresh;
+    std::vector<TensorRef> fresh;
     {
-      OpOutputHook::Suspended quiet;
-      detail::TimelineSpan span(r->op.name(), "rebuild");
+      OpOutputHook::Suspended no_handlers;
+      QuietObservers quiet;
+      TimelineSpan span(r->op.name(), "rebuild");
       fresh = r->how.compute();
     }
     const std::uint64_t now = ++clock_;
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      detail::Storage* o = outputs[i].get();
+      Storage* o = outputs[i].get();
       if (!o) continue;
+      if (o->saved_refs() > 0) make_room(o->bytes(), o);
       o->adopt(*fresh[i].storage);
-      if (auto h = hashes_.find(o); h != hashes_.end()) {
-        const bool same = detail::fnv1a(o->raw_data(), o->bytes()) == h->second;
+      if (auto h = hashes_.find(o->serial()); h != hashes_.end()) {
+        const bool same = fnv1a(o->raw_data(), o->bytes()) == h->second;
         hashes_.erase(h);
         if (!same)
           throw CheckpointError(fmt::format("MemoryBudget: recomputing output {} of '{}' gave different values than "
                                             "its first computation; the op depends on state that changed since",
                                             i, r->op.name()));
       }
-      if (auto e = entries_.find(o); e != entries_.end()) {
+      if (auto e = entries_.find(o->serial()); e != entries_.end()) {
         touch(*e, now);
         if (o->saved_refs() > 0 && !e->second.indexed) index(*e);
       }
@@ -641,10 +710,10 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     // are counted as saved then, not let go: a budget tight enough to rebuild is likely to need
     // them again (each rebuild of the residual stream would otherwise redo its ancestry), and the
     // search may still discard them.
-    auto settle_later = [&](const std::shared_ptr<detail::Storage>& s) {
-      if (!s || !reads_.count(s.get())) return;
-      pending_.insert(s.get());
-      keep_.insert(s.get());
+    auto settle_later = [&](const std::shared_ptr<Storage>& s) {
+      if (!s || !reads_.count(s->serial())) return;
+      pending_.insert(s->serial());
+      keep_.insert(s->serial());
     };
     for (const auto& s : inputs) settle_later(s);
     for (const auto& s : outputs) settle_later(s);
@@ -652,7 +721,7 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
 
   std::vector<std::shared_ptr<Recipe>> recipes() const {
     std::vector<std::shared_ptr<Recipe>> out;
-    for (const auto& [s, e] : entries_)
+    for (const auto& [serial, e] : entries_)
       if (std::find(out.begin(), out.end(), e.recipe) == out.end()) out.push_back(e.recipe);
     return out;
   }
@@ -660,9 +729,18 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   /// Lets go of recipes no backward can need: none of their outputs is saved by anything but
   /// recipes, nor read by a recipe still needed. Newest first, since an op's inputs are older.
   void prune() {
+    // Outputs gone since they were registered (nothing tells the budget when a storage dies).
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->second.recipe->outputs[it->second.output].expired()) {
+        unindex(*it);
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     std::vector<std::shared_ptr<Recipe>> all = recipes();
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->order > b->order; });
-    std::unordered_map<const detail::Storage*, bool> needed_input;
+    std::unordered_map<const Storage*, bool> needed_input;
     std::vector<std::shared_ptr<Recipe>> drop;
     for (const auto& r : all) {
       bool needed = false;
@@ -679,23 +757,26 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
     }
     for (const auto& r : drop)
       for (const auto& w : r->outputs)
-        if (auto s = w.lock(); s && s->residency() == this) {
-          if (auto it = entries_.find(s.get()); it != entries_.end()) unindex(*it);
-          entries_.erase(s.get());
-          s->attach(nullptr);
+        if (auto s = w.lock()) {
+          auto it = entries_.find(s->serial());
+          if (it == entries_.end() || it->second.recipe != r) continue;
+          unindex(*it);
+          entries_.erase(it);
         }
     drop.clear();
     all.clear();  // what only the dropped recipes held goes now
     for (auto it = counted_.begin(); it != counted_.end();) {
-      if (it->second->bookkeeping_refs() > 0) {
+      if (budget_refs(*it->second) > 0) {
         ++it;
         continue;
       }
-      it->second->release_saved();  // no recomputation reads it any more
+      std::shared_ptr<Storage> s = std::move(it->second);  // no recomputation reads it any more
       it = counted_.erase(it);
+      s->release_saved();
+      if (s->saved_refs() == 0) unsaved(*s);
     }
     for (auto it = reads_.begin(); it != reads_.end();) {
-      if (it->second.storage.expired()) {  // gone without forget() (never attached)
+      if (it->second.storage.expired()) {
         pending_.erase(it->first);
         keep_.erase(it->first);
         it = reads_.erase(it);
@@ -746,35 +827,36 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
   std::size_t limit_;      // the budget, raised to least_ after an overflow
   std::thread::id owner_;
-  detail::Residency** slot_ = nullptr;  // the owner thread's active residency
   std::optional<DiscardPlan> plan_;
   bool given_plan_ = false;  // plan_ is the user's (MemoryBudget(plan)), not the last step's
   bool reusing_ = false;     // plan_ is the last step's, replayed while the ops repeat
   std::vector<std::uint64_t> ops_, last_ops_;  // this step's and the last one's op sequence
   std::size_t next_planned_ = 0;
-  std::unordered_map<const detail::Storage*, Entry> entries_;
+  // Registered outputs by their storage's serial (serials are never reused, addresses are).
+  std::unordered_map<std::uint64_t, Entry> entries_;
   // The candidates for discarding, by class of cost per byte, oldest use first within a class.
   struct Slot {
     std::uint64_t last_use, order;
     std::size_t output;
-    const detail::Storage* storage;
+    std::uint64_t serial;
     bool operator<(const Slot& o) const {
       return std::tie(last_use, order, output) < std::tie(o.last_use, o.order, o.output);
     }
   };
   std::map<int, std::set<Slot>> index_;
   std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order
-  std::unordered_map<const detail::Storage*, std::uint64_t> hashes_;  // under checkpoint checking
-  // Every storage a recipe reads (parameters apart) with the recipes reading it, those of them
-  // sweep() has yet to settle, and those it counted as saved because nothing but recipes held them
-  // and they could not be let go.
+  std::unordered_map<std::uint64_t, std::uint64_t> hashes_;  // under checkpoint checking
+  // Every storage a recipe reads (parameters apart) with the recipes reading it and the references
+  // they hold, those of them sweep() has yet to settle, and those it counted as saved because
+  // nothing but recipes held them and they could not be let go.
   struct Read {
-    std::weak_ptr<detail::Storage> storage;
+    std::weak_ptr<Storage> storage;
     std::vector<std::weak_ptr<Recipe>> readers;
+    std::shared_ptr<int> refs;
   };
-  std::unordered_map<const detail::Storage*, Read> reads_;
-  std::unordered_set<const detail::Storage*> pending_, keep_;  // keep_: rebuilt, so counted not released
-  std::unordered_map<const detail::Storage*, std::shared_ptr<detail::Storage>> counted_;
+  std::unordered_map<std::uint64_t, Read> reads_;
+  std::unordered_set<std::uint64_t> pending_, keep_;  // keep_: rebuilt, so counted not released
+  std::unordered_map<std::uint64_t, std::shared_ptr<Storage>> counted_;
   bool sweeping_ = false;
   std::uint64_t clock_ = 0;
   std::uint64_t next_order_ = 0;
@@ -783,7 +865,81 @@ class MemoryBudget final : public OpOutputHook, public detail::Residency {
   bool over_ = false;
   std::string first_over_, last_first_over_;
   BudgetLog log_, last_log_;
-  std::shared_ptr<detail::ThreadSavedBooks> books_ = detail::thread_saved_books();
+  std::shared_ptr<ThreadSavedBooks> books_ = thread_saved_books();
+};
+
+inline BudgetHold::BudgetHold(TensorRef r, std::shared_ptr<BudgetCore> c) : ref(std::move(r)), core(std::move(c)) {
+  core->retain_saved(*ref.storage);
+}
+inline BudgetHold::~BudgetHold() { core->release_saved(std::move(ref.storage)); }
+
+/// The budget's ears: every op of its thread, before and after, and the end of each backward.
+class BudgetObserver final : public Observer {
+ public:
+  explicit BudgetObserver(std::shared_ptr<BudgetCore> core) : core_(std::move(core)) {}
+  void op_begin(const OpOutput&) override { core_->op_begin(); }
+  void op(const OpOutput& out, const OpValues& values) override { core_->op(out, values); }
+  void backward_end(bool completed, bool outermost) override {
+    if (outermost) core_->backward_ended(completed);
+  }
+
+ private:
+  std::shared_ptr<BudgetCore> core_;
+};
+
+}  // namespace detail
+
+/// RAII: while it lives, the activation bytes saved for backward on this thread's graphs stay at or
+/// under the budget (this thread's books: what the graphs built on this thread save, parameters
+/// apart; the process's memory_stats().saved_activation_bytes adds every thread's). One per thread
+/// at a time. Run both forward and backward inside it: when it ends, outputs still discarded and
+/// still needed by a graph kept for another backward are recomputed, without a budget.
+class MemoryBudget final {
+ public:
+  /// A limit of `bytes` on the activation bytes saved for backward on this thread; one budget per
+  /// thread at a time.
+  explicit MemoryBudget(std::size_t bytes)
+      : core_(std::make_shared<detail::BudgetCore>(bytes, std::this_thread::get_id())),
+        slot_((check_alone(), this)),
+        observer_(core_),
+        store_(store_of(core_)) {}
+  /// A budget that replays `plan` (from an earlier step's log) instead of searching.
+  explicit MemoryBudget(DiscardPlan plan) : MemoryBudget(plan.budget) { core_->use_plan(std::move(plan)); }
+
+  ~MemoryBudget() { core_->close(); }
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  /// The byte limit it was constructed with.
+  std::size_t budget() const { return core_->budget(); }
+  /// The log of the step in progress (since the budget began or the last backward ended).
+  const BudgetLog& log() const { return core_->log(); }
+  /// The log of the last step that ended with a backward.
+  const BudgetLog& last_log() const { return core_->last_log(); }
+  /// The last completed step's decisions as a static plan.
+  DiscardPlan plan() const { return DiscardPlan::from(core_->last_log()); }
+  /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
+  std::size_t least_feasible_bytes() const { return core_->least_feasible_bytes(); }
+
+ private:
+  static void check_alone() {
+    REMAT_CHECK(detail::session().memory_budget == nullptr,
+                "MemoryBudget: another budget is active on this thread; budgets do not nest");
+  }
+  static SavedTensorHooks::Pair store_of(const std::shared_ptr<detail::BudgetCore>& core) {
+    using Hold = std::shared_ptr<detail::BudgetHold>;
+    SavedTensorHooks::Pair pair;
+    pair.pack = [core](const AnyTensor& t, const SaveContext&) { return detail::BudgetCore::pack(core, t); };
+    pair.unpack = [](const std::any& p) { const Hold& h = std::any_cast<const Hold&>(p); return h->core->unpack(*h); };
+    pair.pin = [](const std::any& p) { const Hold& h = std::any_cast<const Hold&>(p); return h->core->pin(*h); };
+    pair.state = [](const std::any& p) { const Hold& h = std::any_cast<const Hold&>(p); return h->core->state(*h); };
+    return pair;
+  }
+
+  std::shared_ptr<detail::BudgetCore> core_;
+  detail::Install<&detail::Session::memory_budget> slot_;
+  detail::BudgetObserver observer_;
+  SavedTensorHooks store_;
 };
 
 }  // namespace remat

@@ -51,20 +51,29 @@ decltype(auto) outside_graph(F&& f) {
   return std::forward<F>(f)();
 }
 
-/// Hands each tensor in `saved` to the thread's innermost saved-tensor hooks, if any are in force.
+/// Hands each tensor in `saved` to the thread's saved-tensor hooks in force, innermost first: the
+/// first that does not decline keeps it.
 inline void pack_saved(std::vector<SavedTensor>& saved, const SaveContext& context) {
   const auto* active = active_saved_tensor_hooks();
   if (!active) return;
-  const std::shared_ptr<const SavedTensorHooks::Pair> pair = *active;
+  // A copy: a pack may install hooks of its own for a while (the list may change under us).
+  const std::vector<std::shared_ptr<const SavedTensorHooks::Pair>> stores = *active;
   for (SavedTensor& s : saved) {
     if (!s.storage()) continue;
     const AnyTensor t(TensorRef{s.shared_storage(), s.shape(), s.dtype()});
-    std::any packed = outside_graph([&] { return pair->pack(t, context); });
-    if (!packed.has_value()) continue;  // declined: the node keeps the tensor, in the books
-    std::function<std::string(const std::any&)> describe;
-    if (pair->describe) describe = [pair](const std::any& p) { return pair->describe(p); };
-    s.pack(std::move(packed), [pair](const std::any& p) { return outside_graph([&] { return pair->unpack(p); }); },
-           std::move(describe));
+    for (auto it = stores.rbegin(); it != stores.rend(); ++it) {
+      const std::shared_ptr<const SavedTensorHooks::Pair>& pair = *it;
+      std::any packed = outside_graph([&] { return pair->pack(t, context); });
+      if (!packed.has_value()) continue;  // declined: the next store outward is asked
+      PackedTensor p;
+      p.value = std::move(packed);
+      p.unpack = [pair](const std::any& v) { return outside_graph([&] { return pair->unpack(v); }); };
+      if (pair->describe) p.describe = [pair](const std::any& v) { return pair->describe(v); };
+      if (pair->pin) p.pin = [pair](const std::any& v) { return outside_graph([&] { return pair->pin(v); }); };
+      if (pair->state) p.state = [pair](const std::any& v) { return pair->state(v); };
+      s.pack(std::move(p));
+      break;
+    }
   }
 }
 
@@ -201,14 +210,10 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
     if (tape) tape->backward(static_cast<TapePosition>(index) + 1, 0, retain_graph);
   } catch (...) {
     detail::notify([&](Observer& o) { o.backward_end(false, outermost); });
-    if (detail::Residency* residency = detail::active_residency(); residency && outermost)
-      residency->backward_ended(false);
     throw;
   }
+  // An observer may throw here (a memory budget the step did not fit): after every one has heard.
   detail::notify([&](Observer& o) { o.backward_end(true, outermost); });
-  // Last: a memory budget that was exceeded in this step says so by throwing here.
-  if (detail::Residency* residency = detail::active_residency(); residency && outermost)
-    residency->backward_ended(true);
 }
 
 }  // namespace remat

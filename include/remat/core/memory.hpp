@@ -298,44 +298,19 @@ inline const std::shared_ptr<ThreadSavedBooks>& thread_saved_books() {
   return books;
 }
 
-/// Who may discard a storage's bytes and bring them back (a memory budget): every read of an
-/// attached storage goes through access(), which recomputes the bytes first when they were
-/// discarded. make_room() is asked, on the thread whose budget is active, before activation bytes
-/// join the saved-for-backward books.
-class Residency {
- public:
-  virtual ~Residency() = default;
-  /// The storage's bytes, recomputed first if they were discarded (from any thread when resident).
-  virtual void* access(Storage& s) = 0;
-  /// A backward is about to read `s` (its node holds it meanwhile): a use, for staleness.
-  virtual void used(Storage& s) = 0;
-  /// `s` is being destroyed.
-  virtual void forget(Storage& s) noexcept = 0;
-  /// Before `bytes` of `incoming` join the saved books: discard others until they fit.
-  virtual void make_room(std::size_t bytes, const Storage* incoming) = 0;
-  /// The last saved record holding `s` let go of it (it may now be held only for recomputations).
-  virtual void unsaved(Storage& s) = 0;
-  /// What recomputing `s` would cost (flops), for reports.
-  virtual double rebuild_cost(const Storage& s) const = 0;
-  /// The outermost backward on this thread has returned (`completed`: without an exception).
-  virtual void backward_ended(bool completed) = 0;
-};
-
-/// The residency whose budget governs this thread's saved bytes, or null.
-inline Residency*& active_residency() { return session().residency; }
-
 /// The bytes behind one or more tensors (reshape shares it). `version` counts in-place writes so a
 /// tensor saved for backward and modified afterwards is an error, not a wrong gradient; `saved_refs`
 /// counts how many saved-for-backward records hold it, so shared storage is counted as saved once.
 /// A parameter's storage (marked by the module that owns it) counts in the books apart from the
-/// activations. Under a memory budget a storage may be attached to a Residency, which can discard its bytes
-/// (the handle stays) and recompute them when they are read again.
+/// activations. A storage is bytes and nothing more: it never calls up. A saved-tensor store that
+/// keeps tensors in RAM (a memory budget) may free a storage's bytes while only saved records hold
+/// it (discard) and put recomputed ones back (adopt); whoever reads it meanwhile goes through the
+/// store's unpack, which brings the bytes back first.
 class Storage {
  public:
   explicit Storage(std::size_t bytes)
       : data_(MemoryLedger::instance().allocate(bytes)), bytes_(bytes), serial_(next_storage_serial(true)) {}
   ~Storage() {
-    if (residency_) residency_->forget(*this);
     if (!data_) return;  // discarded, or its buffer was handed to another storage
     if (saved_refs_ > 0) leave_saved_books();
     MemoryLedger::instance().deallocate(data_, bytes_);
@@ -344,9 +319,9 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
 
   void* data() const {
-    if (residency_) return residency_->access(const_cast<Storage&>(*this));
     REMAT_CHECK(data_ != nullptr, "tensor access: the bytes of this tensor ({} B) were discarded under a memory "
-                "budget whose scope has ended, and can no longer be recomputed", bytes_);
+                "budget and are read other than through the node that saved it (or after the budget could no "
+                "longer recompute them)", bytes_);
     return data_;
   }
   std::size_t bytes() const { return bytes_; }
@@ -355,16 +330,12 @@ class Storage {
   std::uint64_t serial() const { return serial_; }
 
   void retain_saved() {
-    if (saved_refs_ == 0 && data_) {
-      if (Residency* r = active_residency(); r && !parameter_) r->make_room(bytes_, this);
-      join_saved_books();
-    }
+    if (saved_refs_ == 0 && data_) join_saved_books();
     ++saved_refs_;
   }
   void release_saved() {
     if (--saved_refs_ > 0) return;
     if (data_) leave_saved_books();
-    if (Residency* r = active_residency()) r->unsaved(*this);
   }
   int saved_refs() const { return saved_refs_; }
 
@@ -379,12 +350,10 @@ class Storage {
     if (counted) join_saved_books();
   }
 
-  // --- for a Residency ---------------------------------------------------------------------------
-  Residency* residency() const { return residency_; }
-  void attach(Residency* r) { residency_ = r; }
+  // --- for a store that discards and recomputes (a memory budget) ---------------------------------
   /// Whether the bytes are here (not discarded).
   bool resident() const { return data_ != nullptr; }
-  /// The bytes without going through the residency (null when discarded).
+  /// The bytes, or null when discarded.
   void* raw_data() const { return data_; }
   /// Frees the bytes; the handle, shape and version stay. Saved books drop them while away.
   void discard() {
@@ -396,15 +365,10 @@ class Storage {
   /// Takes `fresh`'s bytes (a recomputation of this storage's contents) as its own.
   void adopt(Storage& fresh) {
     REMAT_ASSERT(!data_ && fresh.data_ && fresh.bytes_ == bytes_);
-    if (Residency* r = active_residency(); r && saved_refs_ > 0) r->make_room(bytes_, this);
     data_ = fresh.data_;
     fresh.data_ = nullptr;  // live bytes move with the buffer: fresh's allocation is now ours
     if (saved_refs_ > 0) join_saved_books();
   }
-  /// References a residency's own bookkeeping holds (a recomputation's captured inputs), which do
-  /// not make a storage "held by the user".
-  int& bookkeeping_refs() { return bookkeeping_refs_; }
-  int bookkeeping_refs() const { return bookkeeping_refs_; }
 
  private:
   // The process's books and the saving thread's.
@@ -426,9 +390,7 @@ class Storage {
   std::uint64_t serial_;
   std::uint64_t version_ = 0;
   int saved_refs_ = 0;
-  int bookkeeping_refs_ = 0;
   bool parameter_ = false;
-  Residency* residency_ = nullptr;
   std::shared_ptr<ThreadSavedBooks> books_;  // while saved: the books these bytes count in
 };
 

@@ -44,18 +44,15 @@ class Node {
   /// Runs the backward function; frees saved tensors and edges unless `retain_graph`.
   virtual void run(bool retain_graph) = 0;
 
-  /// Under a memory budget: the saved tensors, recomputed if they were discarded, held until the
-  /// returned handles go, so that none is discarded while the backward reads it. Each is held from
-  /// its own turn on: one still waiting may be discarded to make room for another's recomputation,
-  /// so the bytes held at any moment do not depend on what an earlier moment happened to keep.
-  std::vector<std::shared_ptr<Storage>> pin_saved() const {
-    std::vector<std::shared_ptr<Storage>> pins;
-    for (const SavedTensor& s : saved_) {
-      if (s.storage() == nullptr || s.storage()->residency() == nullptr) continue;
-      pins.push_back(s.shared_storage());
-      pins.back()->data();
-      if (Residency* r = pins.back()->residency()) r->used(*pins.back());
-    }
+  /// The saved tensors made ready by the stores that packed them (a memory budget recomputes what
+  /// it discarded), each held until the returned handles go, so that none is discarded again while
+  /// the backward reads it. Each is held from its own turn on: one still waiting may be discarded to
+  /// make room for another's recomputation, so the bytes held at any moment do not depend on what
+  /// an earlier moment happened to keep.
+  std::vector<std::shared_ptr<void>> pin_saved() const {
+    std::vector<std::shared_ptr<void>> pins;
+    for (const SavedTensor& s : saved_)
+      if (std::shared_ptr<void> pin = s.pin()) pins.push_back(std::move(pin));
     return pins;
   }
 
@@ -189,7 +186,7 @@ class TypedNode final : public Node {
     BackwardContext<In, Out> ctx(*this, grads, retain_graph);
     notify([&](Observer& o) { o.backward_op(name()); });
     TimelineSpan span(name(), "backward");
-    const std::vector<std::shared_ptr<Storage>> pinned = pin_saved();
+    const std::vector<std::shared_ptr<void>> pinned = pin_saved();
     fn_(ctx);
     if (!retain_graph) release();
   }

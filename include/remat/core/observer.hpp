@@ -1,6 +1,6 @@
 #pragma once
 // Observers: the listener kind that sees every event of this thread, unconditionally and in order —
-// an op's outputs, what a node saves for backward, each op's backward, each leaf gradient, the
+// an op's begin and its outputs, what a node saves for backward, each op's backward, each leaf gradient, the
 // start and end of backward and of every replay. Unlike the op-output handlers (OpOutputHook,
 // which decide: reuse an output, skip a compute), observers decide nothing, so no handler can hide
 // an event from them: a profiler installed around a checkpointed model hears the ops inside each
@@ -11,6 +11,7 @@
 // events of the ops inside it are not reported.
 
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,11 @@ class Observer {
   Observer(const Observer&) = delete;
   Observer& operator=(const Observer&) = delete;
 
+  /// An op is about to make its outputs (`out` says which op and what it will make).
+  virtual void op_begin(const OpOutput& out) { (void)out; }
   /// An op made its outputs: computed, handed over by a handler, or skipped by early stop (then
-  /// `values` are storage nobody reads).
+  /// `values` are storage nobody reads). When the op computed them, out.recompute offers how to
+  /// compute them again (a memory budget takes it).
   virtual void op(const OpOutput& out, const OpValues& values) {
     (void)out, (void)values;
   }
@@ -77,11 +81,21 @@ inline bool observers_listening() {
 
 /// Calls f(observer) for each observer of this thread, outermost first, unless an op is computing.
 /// By index: an observer may install another while it hears an event (the list grows under us).
+/// An observer that throws does not keep the event from the others: the first exception is
+/// rethrown once every observer has heard it.
 template <class F>
 void notify(F&& f) {
   if (!observers_listening()) return;
   const std::vector<Observer*>& list = session().observers;
-  for (std::size_t i = 0; i < list.size(); ++i) f(*list[i]);
+  std::exception_ptr first;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    try {
+      f(*list[i]);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 /// RAII: observers hear nothing while it lives (an op computing its outputs from other ops).

@@ -87,9 +87,12 @@ struct OpOutput {
   bool replaying;      ///< whether a checkpoint is replaying the op's forward now
   const Shape* shapes = nullptr;  ///< every output's shape (count of them)
   const char* const* dtypes = nullptr;  ///< every output's element type (count of them)
+  /// How to compute the outputs again, when the op computed them (null when a handler handed them
+  /// over or they were skipped): an observer that keeps recipes (a memory budget) takes it.
+  const class RecomputeOffer* recompute = nullptr;
 };
 
-/// How to compute an op's outputs again, offered to handlers that want it (a memory budget): the
+/// How to compute an op's outputs again, taken by whoever keeps it (a memory budget): the
 /// storages the op's compute reads, and the compute itself, which returns fresh tensors bitwise
 /// equal to the first ones (a random op's compute holds the generator state it drew at).
 struct Recompute {
@@ -102,6 +105,17 @@ struct Recompute {
   /// Outputs whose storage has a serial below this existed before the op ran (a view of an
   /// input, as reshape makes): they are not the op's to recompute.
   std::uint64_t first_new_serial = 0;
+};
+
+/// An op's offer of its Recompute, made with the op's event: nothing is copied unless an observer
+/// takes it (the op's compute and its inputs then live as long as the Recompute does).
+class RecomputeOffer {
+ public:
+  /// The Recompute of the op that made this offer (valid only during that op's event).
+  virtual Recompute take() const = 0;
+
+ protected:
+  ~RecomputeOffer() = default;
 };
 
 /// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the
@@ -126,13 +140,6 @@ class OpOutputHook {
   /// After the op computed `values`, or was handed them by reuse(), or skipped them.
   virtual void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
     if (OpOutputHook* o = outer()) o->produced(out, values);
-  }
-  /// Whether a handler wants to be offered how to recompute the outputs ops compute.
-  virtual bool wants_recompute() const { return outer() ? outer()->wants_recompute() : false; }
-  /// After produced(), for outputs the op computed (not handed over, not skipped): how to compute
-  /// them again. Passed outward by every handler, including those that own their scope's outputs.
-  virtual void recomputable(const OpOutput& out, const std::vector<detail::TensorRef>& values, Recompute how) {
-    if (OpOutputHook* o = outer()) o->recomputable(out, values, std::move(how));
   }
   /// When a node is recorded (or would be, in a checkpointed forward that records none): the
   /// tensors its backward will read. Whatever holds tensors for a backward outside a node's saved

@@ -97,10 +97,25 @@ Recompute make_recompute(const OpReads& reads, const Compute& compute, std::uint
   return how;
 }
 
+/// The Recompute of one op invocation, made only if an observer takes it.
+template <class Compute>
+class OfferedRecompute final : public RecomputeOffer {
+ public:
+  OfferedRecompute(const OpReads& reads, const Compute& compute, std::uint64_t first_new_serial)
+      : reads_(reads), compute_(compute), first_new_serial_(first_new_serial) {}
+  Recompute take() const override { return make_recompute(reads_, compute_, first_new_serial_); }
+
+ private:
+  const OpReads& reads_;
+  const Compute& compute_;
+  std::uint64_t first_new_serial_;
+};
+
 /// The outputs of `op` (element types Ts..., shapes `shapes`): compute() — which returns them as a
-/// tuple — unless a handler supplies them; handlers see what was computed. `flops` is the op's
-/// estimate of its work; `reads` are the tensors compute reads. compute captures by value: a
-/// handler may keep a copy and run it again later (a memory budget recomputing a discarded output).
+/// tuple — unless a handler supplies them; handlers and observers see what was computed, and
+/// observers are offered how to compute it again. `flops` is the op's estimate of its work; `reads`
+/// are the tensors compute reads. compute captures by value: an observer may keep a copy and run it
+/// again later (a memory budget recomputing a discarded output).
 template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
                                            const OpReads& reads, Compute&& compute) {
@@ -114,36 +129,31 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   const std::array<std::size_t, n> sizes{sizeof(Ts)...};
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
-  const OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data(), dtypes.data()};
+  OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data(), dtypes.data()};
   auto observed = [&](const std::vector<TensorRef>& values) { notify([&](Observer& o) { o.op(out, values); }); };
-  if (!hook) {
-    std::tuple<BasicTensor<Ts>...> result = [&] {
-      QuietObservers quiet;
-      TimelineSpan span(op.name(), "forward");
-      return compute();
-    }();
-    observed(refs_of(result));
-    return result;
-  }
-  if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
-    REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
-                supplied.size(), n);
-    for (std::size_t i = 0; i < n; ++i)
-      REMAT_CHECK(supplied[i].shape == shapes[i], "{}: a handler supplied output {} of shape {} where shape {} is computed",
-                  op.name(), i, supplied[i].shape, shapes[i]);
-    auto result = tensors_from_refs<Ts...>(supplied, op.name(), std::index_sequence_for<Ts...>{});
-    hook->produced(out, supplied);  // handlers see every output, computed or handed over
-    observed(supplied);
-    return result;
-  }
-  if (hook->skip(out)) {
-    // Nobody reads these values: storage of the right shapes, poisoned (NaN for floating types),
-    // so a reader that was not supposed to exist shows up instead of reading stale bytes.
-    auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
-    std::vector<TensorRef> refs = refs_of(result);
-    hook->produced(out, refs);
-    observed(refs);
-    return result;
+  notify([&](Observer& o) { o.op_begin(out); });
+  if (hook) {
+    if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
+      REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
+                  supplied.size(), n);
+      for (std::size_t i = 0; i < n; ++i)
+        REMAT_CHECK(supplied[i].shape == shapes[i],
+                    "{}: a handler supplied output {} of shape {} where shape {} is computed", op.name(), i,
+                    supplied[i].shape, shapes[i]);
+      auto result = tensors_from_refs<Ts...>(supplied, op.name(), std::index_sequence_for<Ts...>{});
+      hook->produced(out, supplied);  // handlers see every output, computed or handed over
+      observed(supplied);
+      return result;
+    }
+    if (hook->skip(out)) {
+      // Nobody reads these values: storage of the right shapes, poisoned (NaN for floating types),
+      // so a reader that was not supposed to exist shows up instead of reading stale bytes.
+      auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
+      std::vector<TensorRef> refs = refs_of(result);
+      hook->produced(out, refs);
+      observed(refs);
+      return result;
+    }
   }
   const std::uint64_t first_new_serial = next_storage_serial(false);
   std::tuple<BasicTensor<Ts>...> result = [&] {
@@ -153,9 +163,10 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     return compute();
   }();
   std::vector<TensorRef> refs = refs_of(result);
-  hook->produced(out, refs);
+  if (hook) hook->produced(out, refs);
+  const OfferedRecompute<std::decay_t<Compute>> offer(reads, compute, first_new_serial);
+  out.recompute = &offer;
   observed(refs);
-  if (hook->wants_recompute()) hook->recomputable(out, refs, make_recompute(reads, compute, first_new_serial));
   return result;
 }
 

@@ -58,21 +58,25 @@ inline SavedTensorReport saved_tensors(const Tape& tape = current_tape()) {
   for (const auto& node : tape.nodes()) {
     if (node->released()) continue;
     for (const detail::SavedTensor& s : node->saved()) {
-      if (s.packed()) {
+      const detail::PackedState state = s.packed() ? s.packed_state() : detail::PackedState{};
+      if (s.packed() && state.storage == nullptr) {
         report.packed_bytes += s.packed_bytes();
         report.entries.push_back(
-            {node->name(), s.shape(), s.dtype(), s.packed_bytes(), false, false, 0.0, true, s.packed_description()});
+            {node->name(), s.shape(), s.dtype(), s.packed_bytes(), false, false, 0.0, true, state.where});
         continue;
       }
-      const bool shared = std::find(seen.begin(), seen.end(), s.storage()) != seen.end();
-      const detail::Storage* storage = s.storage();
+      // In RAM: kept by the node, or by a store that keeps it there (a memory budget, which may
+      // have discarded its bytes for now).
+      const detail::Storage* storage = s.packed() ? state.storage : s.storage();
+      const std::size_t bytes = s.packed() ? s.packed_bytes() : s.bytes();
+      const bool shared = std::find(seen.begin(), seen.end(), storage) != seen.end();
       const bool discarded = storage != nullptr && !storage->resident();
-      const double cost = discarded && storage->residency() ? storage->residency()->rebuild_cost(*storage) : 0.0;
       if (!shared) {
         seen.push_back(storage);
-        (discarded ? report.discarded_bytes : report.total_bytes) += s.bytes();
+        (discarded ? report.discarded_bytes : report.total_bytes) += bytes;
       }
-      report.entries.push_back({node->name(), s.shape(), s.dtype(), s.bytes(), shared, discarded, cost, false, {}});
+      report.entries.push_back(
+          {node->name(), s.shape(), s.dtype(), bytes, shared, discarded, discarded ? state.rebuild_flops : 0.0, false, {}});
     }
   }
   return report;

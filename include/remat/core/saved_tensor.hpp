@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "remat/core/error.hpp"
 #include "remat/core/memory.hpp"
@@ -69,12 +70,27 @@ inline std::string modified_in_place(std::string_view who, std::string_view tens
                      hint.empty() ? "" : " ", hint);
 }
 
+/// What a store says of a tensor it packed (print_saved_tensors, the saved-tensor report).
+struct PackedState {
+  std::string where;          ///< in words: "on disk at …", "in RAM", …
+  std::size_t ram_bytes = 0;  ///< of its bytes, those in RAM and in remat's books now
+  bool discarded = false;     ///< its bytes are freed and recomputed when backward reads it
+  double rebuild_flops = 0;   ///< what that recomputation costs, when discarded
+  /// The storage it keeps in RAM, for a store that keeps tensors there (a memory budget): such a
+  /// tensor is listed as held for backward, its storage counted once however many save it.
+  const Storage* storage = nullptr;
+};
+
 /// What a node keeps of a tensor that saved-tensor hooks packed: the hooks' object, and how to get
-/// the tensor back (the unpack hook, wrapped so that it runs outside any graph).
+/// the tensor back (the unpack hook, wrapped so that it runs outside any graph). A store may also
+/// prepare a tensor for the backward about to read it (pin: the returned handle holds it ready until
+/// it goes) and say where it is (state); either may be empty.
 struct PackedTensor {
   std::any value;
   std::function<AnyTensor(const std::any&)> unpack;
-  std::function<std::string(const std::any&)> describe;  // may be empty
+  std::function<std::string(const std::any&)> describe;     // may be empty
+  std::function<std::shared_ptr<void>(const std::any&)> pin;  // may be empty
+  std::function<PackedState(const std::any&)> state;         // may be empty
 };
 
 /// A tensor a node keeps for its backward, type-erased so one node can keep float data and int64
@@ -101,6 +117,9 @@ class SavedTensor {
     check_version(op, *storage_);
     return {storage_, shape_, dtype_};
   }
+  /// Dates the save back to version `v` of the storage, for a record made after the save itself (a
+  /// chain's compactly held step): a write in between is then the in-place error. Before pack().
+  void set_saved_version(std::uint64_t v) { version_ = v; }
   const Shape& shape() const { return shape_; }
   const char* dtype() const { return dtype_; }
   /// The storage the node holds: null once released, and for a tensor saved-tensor hooks packed.
@@ -127,16 +146,27 @@ class SavedTensor {
 
   /// What the store that packed it says of it ("" when it says nothing or nothing is packed).
   std::string packed_description() const {
-    return packed_ && packed_->describe ? packed_->describe(packed_->value) : std::string();
+    if (!packed_) return std::string();
+    if (packed_->describe) return packed_->describe(packed_->value);
+    return packed_->state ? packed_->state(packed_->value).where : std::string();
+  }
+  /// Where the store that packed it keeps it (a default state when it does not say).
+  PackedState packed_state() const {
+    return packed_ && packed_->state ? packed_->state(packed_->value) : PackedState{packed_description()};
+  }
+  /// Readies it for the backward about to read it: a store that recomputes or reads back brings
+  /// the bytes here now, and keeps them until the returned handle goes. Null when there is nothing
+  /// to do (kept in RAM by the node, or a store that does not pin).
+  std::shared_ptr<void> pin() const {
+    return packed_ && packed_->pin ? packed_->pin(packed_->value) : nullptr;
   }
 
-  /// Hands the tensor to a pack hook: from now on the node keeps `packed` (and a weak eye on the
-  /// storage, for the in-place check while it lives). Before retain().
-  void pack(std::any value, std::function<AnyTensor(const std::any&)> unpack,
-            std::function<std::string(const std::any&)> describe = {}) {
+  /// Hands the tensor to a store: from now on the node keeps `packed` (its value and the store's
+  /// functions) and a weak eye on the storage, for the in-place check while it lives. Before retain().
+  void pack(PackedTensor packed) {
     original_ = storage_;
     packed_bytes_ = storage_->bytes();
-    packed_ = std::make_shared<PackedTensor>(PackedTensor{std::move(value), std::move(unpack), std::move(describe)});
+    packed_ = std::make_shared<PackedTensor>(std::move(packed));
     storage_.reset();
   }
 

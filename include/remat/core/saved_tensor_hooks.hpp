@@ -13,10 +13,12 @@
 // (checkpoint boundaries and selectively kept outputs included: a checkpoint's node is a node);
 // the node keeps its unpack for as long as it lives, so backward may run after the scope ended;
 // pack and unpack run outside any graph (no grad, no op-output handlers or observers, no hooks),
-// so the ops they call are not part of the model. A pack that returns an empty std::any declines:
-// the node keeps that tensor itself, in remat's books, as without hooks (a store that takes only
-// some tensors — large ones, activations but not parameters — says no to the rest this way; unlike
-// PyTorch, where a hook must return something to unpack). unpack must give back a tensor of the saved
+// so the ops they call are not part of the model. A pack that returns an empty std::any declines,
+// and the hooks outside it are asked next (unlike PyTorch, where a hook must return something to
+// unpack): a store that takes only some tensors — large ones, activations but not parameters —
+// says no to the rest this way, and stores nest (an Offload inside a MemoryBudget: what the
+// offload declines the budget keeps). A tensor every store declines stays with its node, in
+// remat's books, as without hooks. unpack must give back a tensor of the saved
 // shape and element type (a remat::Error naming the op otherwise), with the values a correct
 // gradient needs: remat checks only that an unpack returning the very storage it was given has not
 // been written in place since. What pack keeps is out of remat's books (memory_stats() counts
@@ -61,12 +63,15 @@ struct SavedTensorHooksPair {
   std::function<std::any(const AnyTensor&, const SaveContext&)> pack;
   std::function<AnyTensor(const std::any&)> unpack;
   std::function<std::string(const std::any&)> describe;  // may be empty
+  // A store's two further answers (PackedTensor: pin, state), for stores remat builds on the seam.
+  std::function<std::shared_ptr<void>(const std::any&)> pin;  // may be empty
+  std::function<PackedState(const std::any&)> state;         // may be empty
 };
 
-/// The pair whose pack a node recorded now uses: the innermost, unless inside a pack or unpack.
-inline const std::shared_ptr<const SavedTensorHooksPair>* active_saved_tensor_hooks() {
+/// The pairs a node recorded now asks to pack, innermost last; none inside a pack or an unpack.
+inline const std::vector<std::shared_ptr<const SavedTensorHooksPair>>* active_saved_tensor_hooks() {
   const Session& s = session();
-  return s.saved_tensor_hooks_off == 0 && !s.saved_tensor_hooks.empty() ? &s.saved_tensor_hooks.back() : nullptr;
+  return s.saved_tensor_hooks_off == 0 && !s.saved_tensor_hooks.empty() ? &s.saved_tensor_hooks : nullptr;
 }
 
 }  // namespace detail
@@ -95,13 +100,19 @@ class SavedTensorHooks {
   /// The same with a pack told who saves, and (optionally) a description of what it packed.
   SavedTensorHooks(PackWithContext pack, Unpack unpack, Describe describe = {})
       : installed_(make_pair(std::move(pack), std::move(unpack), std::move(describe))) {}
+  /// A store built on the seam with every answer it gives (a memory budget: pin and state too).
+  explicit SavedTensorHooks(Pair pair)
+      : installed_(make_pair(std::move(pair.pack), std::move(pair.unpack), std::move(pair.describe), std::move(pair.pin),
+                             std::move(pair.state))) {}
   SavedTensorHooks(const SavedTensorHooks&) = delete;
   SavedTensorHooks& operator=(const SavedTensorHooks&) = delete;
 
  private:
-  static std::shared_ptr<const Pair> make_pair(PackWithContext pack, Unpack unpack, Describe describe) {
+  static std::shared_ptr<const Pair> make_pair(PackWithContext pack, Unpack unpack, Describe describe,
+                                               decltype(Pair::pin) pin = {}, decltype(Pair::state) state = {}) {
     REMAT_CHECK(pack && unpack, "SavedTensorHooks: both pack and unpack must be callable");
-    return std::make_shared<const Pair>(Pair{std::move(pack), std::move(unpack), std::move(describe)});
+    return std::make_shared<const Pair>(
+        Pair{std::move(pack), std::move(unpack), std::move(describe), std::move(pin), std::move(state)});
   }
 
   detail::Install<&detail::Session::saved_tensor_hooks> installed_;

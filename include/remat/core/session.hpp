@@ -16,9 +16,13 @@
 //     registered once at static initialisation;
 //   - the active timeline, detail::active_timeline() (core/timeline.hpp): one trace records every
 //     thread, each on its own track.
-//   - the file-name serials of disk snapshots (checkpoint/snapshot.hpp) and of safetensors'
-//     temporary files (io/safetensors.hpp): names unique within the process, whichever thread
-//     writes.
+//   - the file-name serials of disk snapshots (checkpoint/snapshot.hpp), of safetensors'
+//     temporary files (io/safetensors.hpp) and of Offload scopes' directories (io/offload.hpp):
+//     names unique within the process, whichever thread writes;
+//   - the process's MPI rank, for messages (dist/context.hpp): one process, one rank.
+//
+// A value in an object rather than in the session (a generator's state during a replay, a
+// DataParallel's sync flag under no_sync) is switched by ScopedValue (core/scoped.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -31,13 +35,13 @@ namespace remat {
 
 class Tape;
 class Generator;
+class MemoryBudget;
 class Observer;
 class OpOutputHook;
 
 namespace detail {
 
 class AutocastCache;
-class Residency;
 class RecordDraws;
 class ThreadSavedBooks;
 struct SavedTensorHooksPair;
@@ -71,7 +75,7 @@ struct Session {
   OpOutputHook* op_output_handler = nullptr;  ///< the innermost; each handler knows its outer one
   std::vector<std::shared_ptr<const SavedTensorHooksPair>> saved_tensor_hooks;  ///< innermost last
   int saved_tensor_hooks_off = 0;    ///< > 0 inside a pack or an unpack
-  Residency* residency = nullptr;    ///< the memory budget governing this thread's saved bytes
+  MemoryBudget* memory_budget = nullptr;  ///< the budget in force (one a thread: it is a store and an observer)
 
   // Modes of replayed computations (checkpoint/replay.hpp, checkpoint/early_stop.hpp).
   bool check_replay_values = false;  ///< CheckpointChecking

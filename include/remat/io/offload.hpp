@@ -22,8 +22,9 @@
 // forward, the last tensors saved are still queued then).
 //
 // What it never offloads: tensors made before the scope began (parameters, the step's inputs: alive
-// anyway), tensors under `min_bytes`, those `only` turns down, tensors a memory budget governs, and
-// anything saved inside a backward (a checkpoint's replay is backpropagated at once).
+// anyway), tensors under `min_bytes`, those `only` turns down, and anything saved inside a backward
+// (a checkpoint's replay is backpropagated at once). Stores nest: inside a MemoryBudget, what the
+// offload declines the budget keeps; a budget inside an Offload scope keeps every activation itself.
 //
 // Correct by construction: each file holds a header (which tensor, its shape, element type and byte
 // count) and a checksum of its bytes; a file missing, truncated, swapped for another or altered is a
@@ -99,6 +100,10 @@ struct OffloadOptions {
   std::size_t disk_bytes = std::numeric_limits<std::size_t>::max();
   /// O_DIRECT writes and reads (bypass the page cache) where the file system takes them.
   bool direct_io = true;
+  /// Backward begins only once every queued write has ended, none called off, so each offloaded
+  /// tensor goes through its file: for runs whose RAM must not hold them, and for tests of the
+  /// files (by default the writes not begun are called off and those tensors read from RAM).
+  bool wait_for_writes = false;
 };
 
 /// What an Offload scope has done.
@@ -247,7 +252,8 @@ class OffloadCore {
   /// Backward begins: writes not begun yet are called off (writing what backward reads first from
   /// RAM would cost the disk twice for nothing), and the reads of the last tensors on disk start.
   void backward_begins() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (options_.wait_for_writes) changed_.wait(lock, [&] { return writes_.empty() && !busy_writing_; });
     for (std::uint64_t seq : writes_) {
       const auto it = records_.find(seq);
       if (it == records_.end() || it->second.state != State::queued_write) continue;
@@ -684,7 +690,7 @@ class Offload {
     const detail::Storage& s = *t.ref().storage;
     const OffloadOptions& o = core->options();
     const bool offload = detail::session().backward_depth == 0 && !s.parameter() && s.serial() >= born &&
-                         s.residency() == nullptr && s.resident() && s.bytes() >= o.min_bytes &&
+                         s.resident() && s.bytes() >= o.min_bytes &&
                          (!o.only || o.only(t, context));
     if (!offload) {
       core->declined();
