@@ -1,4 +1,4 @@
-// Observers hear every event, whatever handlers are installed: around a checkpointed GPT, the ops
+// Observers hear every event, whatever deciders are installed: around a checkpointed GPT, the ops
 // of the forward (also those inside each segment), of each replay, and every node's backward.
 
 #include "checkpoint/support_checkpoint.hpp"

@@ -1,3 +1,6 @@
+#include <cmath>
+#include <optional>
+
 #include "support.hpp"
 
 using namespace remat;
@@ -14,34 +17,54 @@ TEST_CASE("op ids: every op registers its name, and unknown names are errors lis
 
 namespace {
 
-/// Lists the outputs it sees and can hand back a fixed tensor for one op.
-struct Recorder : OpOutputHook {
+/// Lists the outputs it hears (an observer: every op, whatever scope it runs in).
+struct Recorder : Observer {
   std::vector<std::string> seen;
-  std::optional<OpId> replace;
-  Tensor replacement;
-  std::vector<detail::TensorRef> reuse(const OpOutput& out) override {
-    if (replace && out.op == *replace) return {replacement.ref()};
-    return OpOutputHook::reuse(out);
-  }
-  void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) override {
+  void op(const OpOutput& out, const OpValues& values) override {
     seen.push_back(fmt::format("{} {} {} {}x {} B {} flops{}", out.op.name(), out.shape, out.dtype, out.count, out.bytes,
                                out.flops, out.replaying ? " (replay)" : ""));
     CHECK(values.size() == out.count);
     CHECK(values[0].shape == out.shape);
-    OpOutputHook::produced(out, values);
+  }
+};
+
+/// A decider that notes the positions it is asked at and can hand back a fixed tensor for one op.
+struct Replacer : OpOutputHook {
+  std::vector<std::size_t> asked;
+  std::optional<OpId> replace;
+  Tensor replacement;
+  std::vector<detail::TensorRef> reuse(const OpOutput& out) override {
+    asked.push_back(out.position);
+    if (replace && out.op == *replace) return {replacement.ref()};
+    return {};
+  }
+};
+
+/// A decider that skips every op it is asked about.
+struct SkipAll : OpOutputHook {
+  int asked = 0;
+  bool skip(const OpOutput&) override {
+    ++asked;
+    return true;
   }
 };
 
 }  // namespace
 
-TEST_CASE("op-output hook: handlers see op outputs, nest, and may supply an output", "[core][op_output]") {
+TEST_CASE("deciders: one per scope, ops numbered within it; only the innermost hands outputs over",
+          "[core][op_output]") {
   const Tensor a = ones({2, 3}), b = ones({3, 4});
-  Recorder outer;
+  Recorder heard;
+  Replacer outer;
+  (void)exp(a);  // the outer scope's op #0
   {
-    Recorder inner;
+    Replacer inner;
     const Tensor c = exp(matmul(a, b));
-    CHECK(inner.seen == std::vector<std::string>{"matmul (2, 4) float32 1x 32 B 48 flops", "exp (2, 4) float32 1x 32 B 8 flops"});
-    CHECK(outer.seen == inner.seen);  // the default passes every output outward
+    CHECK(inner.asked == std::vector<std::size_t>{0, 1});  // its own scope's ops, from 0
+    CHECK(outer.asked == std::vector<std::size_t>{0});     // a nested scope's ops are not the outer's
+    outer.replace = op::matmul;
+    outer.replacement = zeros({2, 4});
+    CHECK(matmul(a, b).to_vector() == std::vector<float>(8, 3.0f));  // the outer decider is not asked
     inner.replace = op::matmul;
     inner.replacement = full({2, 4}, 7.0f);
     CHECK(matmul(a, b).to_vector() == std::vector<float>(8, 7.0f));
@@ -49,12 +72,33 @@ TEST_CASE("op-output hook: handlers see op outputs, nest, and may supply an outp
     REQUIRE_ERROR(matmul(a, b), "matmul", "(4, 2)", "(2, 4)");
   }
   CHECK(OpOutputHook::current() == &outer);
-  outer.seen.clear();
-  const Tensor d = softmax(a);
-  CHECK(outer.seen == std::vector<std::string>{"softmax (2, 3) float32 1x 24 B 30 flops"});
+  (void)softmax(a);
+  CHECK(outer.asked == std::vector<std::size_t>{0, 1});  // the nested scope took no place of its own
+  // The observer heard every op of every scope, the handed-over ones too.
+  CHECK(heard.seen == std::vector<std::string>{"exp (2, 3) float32 1x 24 B 6 flops", "matmul (2, 4) float32 1x 32 B 48 flops",
+                                               "exp (2, 4) float32 1x 32 B 8 flops", "matmul (2, 4) float32 1x 32 B 48 flops",
+                                               "matmul (2, 4) float32 1x 32 B 48 flops",
+                                               "softmax (2, 3) float32 1x 24 B 30 flops"});
 }
 
-TEST_CASE("op-output hook: every op reports, with what its backward needs as extra outputs", "[core][op_output]") {
+TEST_CASE("deciders: an enclosing decider skips inside nested scopes, up to a barrier", "[core][op_output]") {
+  const Tensor x = ones({2, 2});
+  SkipAll outer;
+  {
+    Replacer inner;  // decides nothing itself: the skip is asked outward
+    const Tensor y = exp(x);
+    CHECK(std::isnan(y.data()[0]));
+  }
+  CHECK(outer.asked == 1);
+  {
+    detail::RunScope barrier(nullptr, true);
+    const Tensor z = exp(x);  // computed, whatever the outer decider says
+    CHECK(z.data()[0] == std::exp(1.0f));
+  }
+  CHECK(outer.asked == 1);
+}
+
+TEST_CASE("op outputs: every op reports, with what its backward needs as extra outputs", "[core][op_output]") {
   Recorder rec;
   const Tensor x = randn({2, 3, 4});
   const Tensor w = ones({4}), bias = zeros({4});

@@ -40,24 +40,26 @@ TEST_CASE("session: a stack slot removes its own entry, even when scopes end out
   CHECK(detail::session().observers.size() == before);
 }
 
-TEST_CASE("session: handlers nest through their slot and know the one outside them", "[core][session]") {
-  REQUIRE(OpOutputHook::current() == nullptr);
-  struct Handler : OpOutputHook {
-    OpOutputHook* outside() const { return outer(); }
-  };
-  Handler outer_handler;
+TEST_CASE("session: run scopes nest through their slot and know the one outside them", "[core][session]") {
+  REQUIRE(detail::RunScope::current() == nullptr);
+  struct Decider : OpOutputHook {};
+  Decider outer_decider;
+  detail::RunScope* const outer_scope = detail::RunScope::current();
+  REQUIRE(outer_scope != nullptr);
+  CHECK(OpOutputHook::current() == &outer_decider);
   {
-    Handler inner;
+    Decider inner;
     CHECK(OpOutputHook::current() == &inner);
-    CHECK(inner.outside() == &outer_handler);
+    CHECK(detail::RunScope::current()->parent() == outer_scope);
     {
       OpOutputHook::Suspended none;
+      CHECK(detail::RunScope::current() == nullptr);
       CHECK(OpOutputHook::current() == nullptr);
     }
     CHECK(OpOutputHook::current() == &inner);
   }
-  CHECK(OpOutputHook::current() == &outer_handler);
-  CHECK(outer_handler.outside() == nullptr);
+  CHECK(OpOutputHook::current() == &outer_decider);
+  CHECK(outer_scope->parent() == nullptr);
 }
 
 TEST_CASE("session: another thread starts from its own defaults whatever this thread has switched", "[core][session]") {

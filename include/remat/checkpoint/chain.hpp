@@ -16,7 +16,7 @@
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
-#include "remat/checkpoint/run_handlers.hpp"
+#include "remat/checkpoint/run_parts.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
 #include "remat/checkpoint/snapshot.hpp"
 #include "remat/checkpoint/step_log.hpp"
@@ -66,9 +66,9 @@ inline std::pair<Tensor, std::size_t> measure_record(const ChainStep& f, const T
   std::size_t held = 0;
   {
     FlopCounter counter;
-    RunHandlers handlers;  // as the executor installs them
-    handlers.reads(reads);
-    const CompactRecorder& recorder = handlers.recorder(leaf.storage().get());
+    RunParts parts;  // as the executor installs them
+    parts.reads(reads);
+    const CompactRecorder& recorder = parts.recorder(leaf.storage().get());
     y = f(leaf);
     c.compute = counter.total;
     const CompactRecorder::Notes notes = recorder.notes();
@@ -245,10 +245,10 @@ struct ChainRun {
           in = x.detach();
           in.requires_grad_();
         }
-        RunHandlers handlers;
-        handlers.reads(reads);
-        const CompactRecorder* recorder = notes ? &handlers.recorder(x.storage().get()) : nullptr;
-        if (debug) handlers.trace(first.traces.emplace_back());
+        RunParts parts;
+        parts.reads(reads);
+        const CompactRecorder* recorder = notes ? &parts.recorder(x.storage().get()) : nullptr;
+        if (debug) parts.trace(first.traces.emplace_back());
         y = steps[k](in);
         if (recorder) *notes = recorder->notes();
         if (!others.empty()) first.other_rng.emplace(k, std::move(others));
@@ -276,12 +276,12 @@ struct ChainRun {
       const auto others = first.other_rng.find(k);
       y = as_replay(first.rng[k], others == first.other_rng.end() ? nullptr : &others->second,
                     AutocastState{first.autocast[k], first.autocast_cache}, [&] {
-        RunHandlers handlers;
-        const CompactRebuilder* rebuilder =
-            rebuild ? &handlers.rebuilder(*rebuild, first.op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()))
+        RunParts parts;
+        const CompactRebuild* rebuilder =
+            rebuild ? &parts.rebuild(*rebuild, first.op_hashes[k], fmt::format("{}: step {} of {}", name, i, steps.size()))
                     : nullptr;
-        if (output_unused && early_stop && !rebuild) handlers.skipper(first.last_needed[k]);
-        if (debug) handlers.trace(replay_trace);
+        if (output_unused && early_stop && !rebuild) parts.stop_after(first.last_needed[k]);
+        if (debug) parts.trace(replay_trace);
         Tensor out = steps[k](x);
         if (rebuilder) rebuilder->finish();
         return out;
@@ -358,10 +358,10 @@ struct ChainRun {
   /// pass runs the schedule's first part.
   void execute(const Action& act, const Action* next, bool forward) {
     // Snapshots and recorded inputs are held here, outside any saved list: every op computes,
-    // whatever an enclosing replay would skip. (No handler at all when none is installed: ops
-    // then make their outputs by a plain call.)
+    // whatever an enclosing replay would skip. (No scope at all when none is installed: ops then
+    // make their outputs by a plain call.)
     std::optional<ComputeAll> compute_all;
-    if (OpOutputHook::current()) compute_all.emplace();
+    if (RunScope::current()) compute_all.emplace();
     using K = Action::Kind;
     const std::int64_t i = act.step;
     static constexpr const char* kNames[] = {"advance", "snapshot", "restore", "free", "record", "reverse"};
@@ -470,7 +470,12 @@ inline Tensor run_chain(ChainSteps steps, const Tensor& x, const Policy& policy,
     // The chain that such a replay records keeps x as its first snapshot.
     if (is_grad_enabled()) report_saved_for_backward({x});
     Tensor h = x;
-    for (std::size_t i = 0; i < steps.size(); ++i) h = steps[i](h);
+    // Each step in a run scope of its own, as the executor runs it in that replay: the enclosing
+    // segment counts the same ops (none of the steps') in both runs.
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      RunScope step;
+      h = steps[i](h);
+    }
     return h;
   }
   std::vector<StepCost> measured;

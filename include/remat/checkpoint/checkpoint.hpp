@@ -26,7 +26,7 @@
 #include "remat/checkpoint/early_stop.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
-#include "remat/checkpoint/run_handlers.hpp"
+#include "remat/checkpoint/run_parts.hpp"
 #include "remat/checkpoint/segment_reads.hpp"
 #include "remat/checkpoint/selective.hpp"
 #include "remat/checkpoint/trace.hpp"
@@ -99,11 +99,10 @@ struct Segment {
     autocast = autocast_state();
     auto not_recording = scoped_recording(false);
     RecordDraws draws(other_rng);
-    RunHandlers handlers;
-    handlers.selective(options.save ? SelectiveHook::Mode::stash : SelectiveHook::Mode::off, options.save, kept_ops,
-                       kept, options.name);
-    handlers.reads(reads);
-    if (debug) handlers.trace(trace);
+    RunParts parts;
+    parts.stash(options.save, kept_ops, kept);
+    parts.reads(reads);
+    if (debug) parts.trace(trace);
     return R(std::invoke(fn, call_args...));
   }
 
@@ -169,14 +168,13 @@ struct Segment {
       TimelineSpan span("replay", [&] { return "replay " + options.name; });
       ReplayNotice notice({"checkpoint", options.name.c_str()});
       as_replay(rng, &other_rng, autocast, [&] {
-        RunHandlers handlers;
-        SelectiveHook& hook =
-            handlers.selective(SelectiveHook::Mode::reuse, options.save, kept_ops, kept_outputs, options.name);
-        handlers.skipper(reads.last_needed, early_stop);
-        if (debug) handlers.trace(replay_trace);
+        RunParts parts;
+        const SelectiveReuse& kept_ones = parts.reuse_kept(kept_ops, kept_outputs, options.name);
+        parts.stop_after(reads.last_needed, early_stop);
+        if (debug) parts.trace(replay_trace);
         auto call_args = replay_args(ctx);
         replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(fn, a...)); }, call_args));
-        hook.check_all_used();
+        kept_ones.check_all_used(parts.ops());
       });
     });
     return std::move(*replayed);

@@ -29,23 +29,22 @@
 
 namespace remat::detail {
 
-/// Installed for a step's forward run without nodes: which op outputs (by position among the
-/// outputs the step reports) its nodes would save, held from the moment they are saved.
-class CompactRecorder final : public OpOutputHook {
+/// Listens to a step's forward run without nodes: which op outputs (by position among the ops of
+/// the step's scope) its nodes would save, held from the moment they are saved.
+class CompactRecorder final : public ScopeListener {
  public:
   /// `input`: the step's input, which the executor supplies again when the step is rebuilt.
   explicit CompactRecorder(const Storage* input) : input_(input), first_serial_(next_storage_serial(false)) {}
 
-  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
+  void produced(const OpOutput&, const std::vector<TensorRef>& values) override {
     std::vector<Made>& outs = outputs_.emplace_back();
     for (const TensorRef& v : values) {
       outs.push_back({v.storage, v.shape, v.dtype});
       made_at_[v.storage->serial()].push_back(static_cast<std::uint32_t>(outputs_.size() - 1));
     }
-    OpOutputHook::produced(out, values);
   }
 
-  void saved_for_backward(const std::vector<SavedTensor>& saved) override {
+  void saved(const std::vector<SavedTensor>& saved) override {
     for (const SavedTensor& s : saved) {
       const Storage* storage = s.storage();
       if (storage == nullptr) continue;
@@ -55,10 +54,9 @@ class CompactRecorder final : public OpOutputHook {
         // Every op that handed out this storage (an output and the views of it) gets it back.
         for (std::uint32_t p : it->second) keep(p);
       } else if (storage != input_ && storage->serial() >= first_serial_) {
-        complete_ = false;  // made in the step, not by an op: a rebuild could not give it back
+        complete_ = false;  // made in the step, not by one of its ops: a rebuild could not give it back
       }
     }
-    OpOutputHook::saved_for_backward(saved);
   }
 
   struct Output {
@@ -221,19 +219,22 @@ class CompactRecords {
   std::vector<Record> records_;
 };
 
-/// Installed while a compactly held step is rebuilt: each op is handed its held outputs, or makes
-/// its outputs without computing them (nothing reads them), and records its node as usual.
-class CompactRebuilder final : public OpOutputHook {
+/// A compactly held step's rebuild, for the decider of its scope (run_parts.hpp): each op is
+/// handed its held outputs, or makes its outputs without computing them (nothing reads them), and
+/// records its node as usual; as a listener it checks that the step runs the ops it ran in forward.
+class CompactRebuild final : public ScopeListener {
  public:
   /// `ops`: the hash of the op sequence the step ran in forward (SegmentReads::ops).
-  CompactRebuilder(const CompactRecords::Step& step, std::uint64_t ops, std::string who)
+  CompactRebuild(const CompactRecords::Step& step, std::uint64_t ops, std::string who)
       : next_(step.first), last_(step.last), forward_ops_(ops), who_(std::move(who)) {}
 
-  std::vector<TensorRef> reuse(const OpOutput& out) override {
-    if (next_ == last_ || next_->position != position_) return {};
+  /// The held outputs of the op at `out.position`, or none (then it is skipped).
+  std::vector<TensorRef> reuse(const OpOutput& out) {
+    const auto position = static_cast<std::uint32_t>(out.position);
+    if (next_ == last_ || next_->position != position) return {};
     std::vector<TensorRef> refs;
     std::size_t bytes = 0;
-    for (; next_ != last_ && next_->position == position_; ++next_) {
+    for (; next_ != last_ && next_->position == position; ++next_) {
       const std::size_t k = refs.size();
       if (k >= out.count) break;
       // The held tensor, checked against in-place writes since it was held (and read back from the
@@ -243,18 +244,18 @@ class CompactRebuilder final : public OpOutputHook {
                       out.dtypes ? out.dtypes[k] : (k == 0 ? out.dtype : nullptr)});
       bytes += held.storage->bytes();
     }
-    if (refs.size() != out.count || bytes != out.bytes || (next_ != last_ && next_->position == position_))
+    if (refs.size() != out.count || bytes != out.bytes || (next_ != last_ && next_->position == position))
       throw CheckpointError(fmt::format("{}: op #{} '{}' made {} output(s) of {} bytes when the step was rebuilt, but {} "
                                         "of {} bytes in forward; a step must compute the same thing every time it runs",
-                                        who_, position_, out.op.name(), out.count, out.bytes, refs.size(), bytes));
+                                        who_, position, out.op.name(), out.count, out.bytes, refs.size(), bytes));
     return refs;
   }
-  bool skip(const OpOutput&) override { return true; }
-  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
-    ++position_;
+
+  void produced(const OpOutput& out, const std::vector<TensorRef>&) override {
+    ++ops_made_;
     ops_ = hash_op(ops_, out);
-    OpOutputHook::produced(out, values);
   }
+  void saved(const std::vector<SavedTensor>&) override {}
 
   /// A remat::Error when the rebuild ran other ops than the forward (its graph would route
   /// gradients through outputs handed to the wrong ops).
@@ -262,11 +263,11 @@ class CompactRebuilder final : public OpOutputHook {
     if (ops_ != forward_ops_)
       throw CheckpointError(fmt::format("{}: the step ran other ops (or other shapes) when rebuilt than in forward ({} "
                                         "op(s) now); a step must compute the same thing every time it runs",
-                                        who_, position_));
+                                        who_, ops_made_));
     if (next_ != last_)
       throw CheckpointError(fmt::format("{}: the step ran {} op(s) when rebuilt, but its forward held the output of op #{}; "
                                         "a step must compute the same thing every time it runs",
-                                        who_, position_, next_->position));
+                                        who_, ops_made_, next_->position));
   }
 
  private:
@@ -275,7 +276,7 @@ class CompactRebuilder final : public OpOutputHook {
   std::uint64_t forward_ops_;
   std::uint64_t ops_ = kEmptyOpHash;
   std::string who_;
-  std::uint32_t position_ = 0;
+  std::uint32_t ops_made_ = 0;
 };
 
 }  // namespace remat::detail

@@ -22,24 +22,19 @@ namespace detail {
 
 inline EarlyStopStats& early_stop_stats() { return session().early_stop_stats; }
 
-/// Installed for a replay: from op output position last_needed + 1 on, ops skip their compute.
-class ReplaySkipper final : public OpOutputHook {
+/// Early stop for a replay, for the decider of its scope (run_parts.hpp): from position
+/// last_needed + 1 on, ops skip their compute.
+class EarlySkip {
  public:
-  explicit ReplaySkipper(std::ptrdiff_t last_needed, bool on = true) : last_needed_(on ? last_needed : kNever) {}
+  explicit EarlySkip(std::ptrdiff_t last_needed, bool on = true) : last_needed_(on ? last_needed : kNever) {}
 
-  bool skip(const OpOutput& out) override {
-    if (position_ > last_needed_) {
-      ++skipped_;
-      skipped_flops_ += out.flops;
-      ++early_stop_stats().ops;
-      early_stop_stats().flops += out.flops;
-      return true;
-    }
-    return OpOutputHook::skip(out);
-  }
-  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
-    ++position_;
-    OpOutputHook::produced(out, values);
+  bool skip(const OpOutput& out) {
+    if (static_cast<std::ptrdiff_t>(out.position) <= last_needed_) return false;
+    ++skipped_;
+    skipped_flops_ += out.flops;
+    ++early_stop_stats().ops;
+    early_stop_stats().flops += out.flops;
+    return true;
   }
 
   std::size_t skipped() const { return skipped_; }
@@ -48,16 +43,15 @@ class ReplaySkipper final : public OpOutputHook {
  private:
   static constexpr std::ptrdiff_t kNever = static_cast<std::ptrdiff_t>(~std::size_t{0} >> 1);
   std::ptrdiff_t last_needed_;
-  std::ptrdiff_t position_ = 0;
   std::size_t skipped_ = 0;
   double skipped_flops_ = 0;
 };
 
-/// Every op in its scope computes, whatever an enclosing replay would skip: for code that keeps
-/// tensors for later outside any saved list.
-class ComputeAll final : public OpOutputHook {
- public:
-  bool skip(const OpOutput&) override { return false; }
+/// A barrier scope: every op in it computes, whatever an enclosing replay would skip; for code
+/// that keeps tensors for later outside any saved list (the chain executor's snapshots).
+class ComputeAll {
+ private:
+  RunScope scope_{nullptr, true};
 };
 
 }  // namespace detail

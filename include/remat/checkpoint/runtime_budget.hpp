@@ -678,7 +678,7 @@ class BudgetCore {
     }
     std::vector<TensorRef> fresh;
     {
-      OpOutputHook::Suspended no_handlers;
+      OpOutputHook::Suspended no_scope;
       QuietObservers quiet;
       TimelineSpan span(r->op.name(), "rebuild");
       fresh = r->how.compute();

@@ -61,44 +61,39 @@ struct SegmentReads {
   }
 };
 
-/// Installed for a segment's forward: counts op outputs, notes which storage each made, and reads
-/// the saved lists reported to it. It passes op outputs on (enclosing handlers count positions
-/// too) but keeps the segment's own saves to itself: the enclosing segment sees only the boundary
-/// this segment reports when it finishes, and the outside tensors it read.
-class SegmentReadsObserver final : public OpOutputHook {
+/// Listens to a segment's (or a chain step's) first run: notes which storage each op made and at
+/// which position, hashes the op sequence, and reads the saves reported in its scope. (The scope
+/// hands the saves of tensors from outside it to the enclosing scope when it ends.)
+class SegmentReadsListener final : public ScopeListener {
  public:
-  explicit SegmentReadsObserver(SegmentReads& reads) : reads_(reads), first_serial_(next_storage_serial(false)) {}
+  explicit SegmentReadsListener(SegmentReads& reads) : reads_(reads), first_serial_(next_storage_serial(false)) {}
 
   void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
-    for (const TensorRef& v : values) made_at_[v.storage->serial()] = position_;
-    ++position_;
+    for (const TensorRef& v : values) made_at_[v.storage->serial()] = static_cast<std::ptrdiff_t>(out.position);
+    position_ = static_cast<std::ptrdiff_t>(out.position) + 1;
     reads_.ops = hash_op(reads_.ops, out);
-    OpOutputHook::produced(out, values);
   }
 
-  void saved_for_backward(const std::vector<SavedTensor>& saved) override {
-    std::vector<SavedTensor> from_outside;
+  void saved(const std::vector<SavedTensor>& saved) override {
     for (const SavedTensor& s : saved) {
       const Storage* storage = s.storage();
       if (storage == nullptr) continue;
       if (auto it = made_at_.find(storage->serial()); it != made_at_.end()) {
         reads_.last_needed = std::max(reads_.last_needed, it->second);
       } else if (storage->serial() >= first_serial_) {
-        // Made inside the segment but not by an op (a factory, a user's own kernel): it may
-        // depend on any output so far, so all of those are needed.
+        // Made inside the segment but not by one of its ops (a factory, a user's own kernel, a
+        // nested scope): it may depend on any output so far, so all of those are needed.
         reads_.last_needed = std::max(reads_.last_needed, position_ - 1);
       } else if (seen_outside_.insert(storage->serial()).second) {
         reads_.outside.push_back({s.shared_storage(), s.shape(), s.version()});
-        from_outside.push_back(s);
       }
     }
-    if (!from_outside.empty()) OpOutputHook::saved_for_backward(from_outside);
   }
 
  private:
   SegmentReads& reads_;
   std::uint64_t first_serial_;
-  std::ptrdiff_t position_ = 0;
+  std::ptrdiff_t position_ = 0;  // ops made so far
   std::unordered_map<std::uint64_t, std::ptrdiff_t> made_at_;
   std::unordered_set<std::uint64_t> seen_outside_;
 };

@@ -1,10 +1,10 @@
 #pragma once
 // Selective checkpointing: inside a checkpoint, a save policy chooses the op outputs that are kept
 // rather than recomputed (PyTorch's selective activation checkpointing, JAX's checkpoint_dots).
-// It listens on the op-output hook of core: during the segment's forward it stashes the outputs
-// the policy keeps; during the replay it hands them back, at the same positions, instead of letting
-// the ops compute them again. Every op reports through the hook, so every op can be kept (with
-// what its backward needs: layer_norm's statistics, attention's log-sum-exp).
+// During the segment's forward a listener of its run scope stashes the outputs the policy keeps;
+// during the replay the scope's decider hands them back, at the same positions, instead of letting
+// the ops compute them again. Every op reports to its scope, so every op can be kept (with what
+// its backward needs: layer_norm's statistics, attention's log-sum-exp).
 
 #include <functional>
 #include <string>
@@ -73,59 +73,63 @@ struct KeptOp {
   std::size_t count;
 };
 
-/// The selective-checkpointing handler of one segment, installed for its forward (stash) or its
-/// replay (reuse). It owns the op outputs of its scope: nothing reaches an enclosing segment's
-/// handler, so a nested segment's ops never touch the outer segment's stash. The replay follows
-/// the forward's decisions by position — the policy is asked once, in forward — and checks that
-/// the op at each kept position is the op the forward kept there.
-class SelectiveHook final : public OpOutputHook {
+/// Listens to a segment's forward: stashes the outputs its policy keeps, with their positions. The
+/// policy is asked once, here; the replay follows these decisions by position.
+class SelectiveStash final : public ScopeListener {
  public:
-  enum class Mode { off, stash, reuse };
-  SelectiveHook(Mode mode, const SavePolicy& policy, std::vector<KeptOp>& ops, std::vector<SavedTensor>& values,
-                const std::string& segment)
-      : mode_(mode == Mode::stash && !policy ? Mode::off : mode), policy_(policy), ops_(ops), values_(values),
-        segment_(segment) {}
+  SelectiveStash(const SavePolicy& policy, std::vector<KeptOp>& ops, std::vector<SavedTensor>& values)
+      : policy_(policy), ops_(ops), values_(values) {}
 
-  std::vector<TensorRef> reuse(const OpOutput& out) override {
-    if (mode_ != Mode::reuse || next_op_ >= ops_.size() || ops_[next_op_].position != position_) return {};
+  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
+    if (!policy_(out)) return;
+    ops_.push_back({out.position, out.op, values.size()});
+    for (const TensorRef& v : values) values_.emplace_back(v);
+  }
+  void saved(const std::vector<SavedTensor>&) override {}
+
+ private:
+  const SavePolicy& policy_;
+  std::vector<KeptOp>& ops_;
+  std::vector<SavedTensor>& values_;
+};
+
+/// A segment's replay, for the decider of its scope (run_parts.hpp): hands back what the forward
+/// kept, at the positions it kept them, and checks that the op there is the op the forward kept.
+class SelectiveReuse {
+ public:
+  SelectiveReuse(const std::vector<KeptOp>& ops, const std::vector<SavedTensor>& values, const std::string& segment)
+      : ops_(ops), values_(values), segment_(segment) {}
+
+  std::vector<TensorRef> reuse(const OpOutput& out) {
+    if (next_op_ >= ops_.size() || ops_[next_op_].position != out.position) return {};
     const KeptOp& kept = ops_[next_op_];
     if (kept.op != out.op || kept.count != out.count)
       throw CheckpointError(fmt::format("checkpoint '{}': the replay's op #{} is '{}' (output {}), but the forward kept "
                                         "the outputs of '{}' (output {}) there; the segment ran different ops when "
-                                        "replayed", segment_, position_, out.op.name(), out.shape, kept.op.name(),
+                                        "replayed", segment_, out.position, out.op.name(), out.shape, kept.op.name(),
                                         values_[next_value_].shape()));
     std::vector<TensorRef> refs;
     for (std::size_t i = 0; i < kept.count; ++i) refs.push_back(values_[next_value_ + i].ref(out.op.name()));
     if (refs[0].shape != out.shape)
       throw CheckpointError(fmt::format("checkpoint '{}': replay of '{}' (op #{}) expects shape {} but forward kept {}; "
-                                        "the segment ran differently when replayed", segment_, out.op.name(), position_,
-                                        out.shape, refs[0].shape));
+                                        "the segment ran differently when replayed", segment_, out.op.name(),
+                                        out.position, out.shape, refs[0].shape));
     ++next_op_;
     next_value_ += kept.count;
     return refs;
   }
-  void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
-    if (mode_ == Mode::stash && policy_(out)) {
-      ops_.push_back({position_, out.op, values.size()});
-      for (const TensorRef& v : values) values_.emplace_back(v);
-    }
-    ++position_;
-  }
-  /// Kept positions the replay never reached: it ran fewer ops than the forward.
-  void check_all_used() const {
-    if (mode_ == Mode::reuse && next_op_ < ops_.size())
+  /// Kept positions the replay never reached (it made `ops` ops): it ran fewer ops than the forward.
+  void check_all_used(std::size_t ops) const {
+    if (next_op_ < ops_.size())
       throw CheckpointError(fmt::format("checkpoint '{}': the forward kept the outputs of '{}' at op #{}, but the replay "
                                         "ran only {} ops; the segment ran different ops when replayed", segment_,
-                                        ops_[next_op_].op.name(), ops_[next_op_].position, position_));
+                                        ops_[next_op_].op.name(), ops_[next_op_].position, ops));
   }
 
  private:
-  Mode mode_;
-  const SavePolicy& policy_;
-  std::vector<KeptOp>& ops_;
-  std::vector<SavedTensor>& values_;
+  const std::vector<KeptOp>& ops_;
+  const std::vector<SavedTensor>& values_;
   const std::string& segment_;
-  std::size_t position_ = 0;  // op outputs reported so far in this scope
   std::size_t next_op_ = 0, next_value_ = 0;
 };
 

@@ -24,7 +24,7 @@ inline std::string describe(const TracedOp& t) {
   return fmt::format("'{}' -> {}", t.op.name(), fmt::join(t.shapes, ", "));
 }
 
-/// Appends every op of its scope to a trace. An observer: it hears every op whatever the handlers
+/// Appends every op of its scope to a trace. An observer: it hears every op whatever the deciders
 /// decide (a nested segment's forward too), so forward and replay traces cover the same ops.
 class DebugOpTrace final : public Observer {
  public:

@@ -40,12 +40,12 @@ bool grad_needed(const BasicTensor<T>& x, const Rest&... rest) {
   return x.requires_grad() || (rest.requires_grad() || ...);
 }
 
-/// Runs f() outside any graph: no grad, no op-output handler, no observer, no saved-tensor hooks.
+/// Runs f() outside any graph: no grad, no run scope, no observer, no saved-tensor hooks.
 /// Saved-tensor hooks run so: the ops they call are not the model's.
 template <class F>
 decltype(auto) outside_graph(F&& f) {
   Install<&Session::grad_enabled> no_grad(false);
-  OpOutputHook::Suspended no_handlers;
+  OpOutputHook::Suspended no_scope;
   QuietObservers no_observers;
   Install<&Session::saved_tensor_hooks_off> no_hooks(session().saved_tensor_hooks_off + 1);
   return std::forward<F>(f)();

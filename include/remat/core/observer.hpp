@@ -1,13 +1,14 @@
 #pragma once
 // Observers: the listener kind that sees every event of this thread, unconditionally and in order —
 // an op's begin and its outputs, what a node saves for backward, each op's backward, each leaf gradient, the
-// start and end of backward and of every replay. Unlike the op-output handlers (OpOutputHook,
-// which decide: reuse an output, skip a compute), observers decide nothing, so no handler can hide
+// start and end of backward and of every replay. Unlike the deciders (OpOutputHook, which decide
+// for the ops of their run scope: reuse an output, skip a compute), observers decide nothing, and
+// hear every scope, so no decider can hide
 // an event from them: a profiler installed around a checkpointed model hears the ops inside each
 // segment's forward, each replay and the backward. Observers nest; each hears every event, the
 // outermost first.
 //
-// An op built from other ops is one op to observers, as to handlers: while an op computes, the
+// An op built from other ops is one op to observers, as to run scopes: while an op computes, the
 // events of the ops inside it are not reported.
 
 #include <cstddef>
@@ -46,7 +47,7 @@ class Observer {
 
   /// An op is about to make its outputs (`out` says which op and what it will make).
   virtual void op_begin(const OpOutput& out) { (void)out; }
-  /// An op made its outputs: computed, handed over by a handler, or skipped by early stop (then
+  /// An op made its outputs: computed, handed over by a decider, or skipped by early stop (then
   /// `values` are storage nobody reads). When the op computed them, out.recompute offers how to
   /// compute them again (a memory budget takes it).
   virtual void op(const OpOutput& out, const OpValues& values) {

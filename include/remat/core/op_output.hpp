@@ -1,8 +1,22 @@
 #pragma once
-// The op-output hook: every op that can hand its output to someone else reports it here, and
-// whoever needs to see op outputs installs a handler — selective checkpointing (keep an output in
-// forward, hand it back in replay), and later a memory budget, a profiler or a trace. Ops know
-// only this neutral hook, never who listens.
+// Op identities, what an op reports about its outputs (OpOutput), and the deciders: every op makes
+// its outputs through core/produce.hpp, which asks the run scope it runs in whether to reuse
+// stored tensors as its outputs or to skip computing them, and tells the scope and the observers
+// what it made. Ops know only these neutral interfaces, never who decides or listens.
+//
+// A run scope (RunScope) is a stretch of ops counted together: a checkpoint's forward or replay,
+// a chain step's run, a decider a user installs. Scopes nest, with one rule each way:
+//   - An op's position (OpOutput::position) counts the ops of its own scope only: the ops of a
+//     nested scope are one stretch that its enclosing scope does not see, so a scope's positions
+//     are the same in every run of it, whatever runs nested inside.
+//   - An op is handed stored outputs only by its own scope's decider (reuse), and skipped when its
+//     own scope's decider skips it or an enclosing scope's decider skips what comes at its place
+//     (a replay past what its backward reads skips everything inside), up to a scope that is a
+//     barrier (the chain executor's: what it keeps for later is computed whatever).
+//   - A scope's listeners hear its own ops and the saves reported while it is innermost; when it
+//     ends, the saves it heard of tensors made before it began are reported to the enclosing scope
+//     (a nested segment's reads from outside are its enclosing segment's reads too).
+// Observers (core/observer.hpp) hear every op of every scope, unconditionally.
 //
 // Op identities are registered constants (`op::matmul`, `op::softmax`, ...), defined next to each
 // op: policies name ops by these, so a typo is a compile error, and names given as strings are
@@ -14,8 +28,10 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "remat/core/error.hpp"
@@ -87,7 +103,9 @@ struct OpOutput {
   bool replaying;      ///< whether a checkpoint is replaying the op's forward now
   const Shape* shapes = nullptr;  ///< every output's shape (count of them)
   const char* const* dtypes = nullptr;  ///< every output's element type (count of them)
-  /// How to compute the outputs again, when the op computed them (null when a handler handed them
+  /// Its place among the ops of its run scope, from 0 (the same in every run of that scope).
+  std::size_t position = 0;
+  /// How to compute the outputs again, when the op computed them (null when a decider handed them
   /// over or they were skipped): an observer that keeps recipes (a memory budget) takes it.
   const class RecomputeOffer* recompute = nullptr;
 };
@@ -118,55 +136,129 @@ class RecomputeOffer {
   ~RecomputeOffer() = default;
 };
 
-/// A handler of op outputs, installed for its lifetime on the current thread (handlers nest; the
-/// innermost sees each output first). By default a handler passes everything to the one outside
-/// it; a handler that owns the outputs of its scope (a checkpoint's selective saving) does not.
+class OpOutputHook;
+
+namespace detail {
+
+/// Hears the ops of one run scope and the saves reported while it is the innermost scope.
+class ScopeListener {
+ public:
+  /// An op of the scope made `values` (computed, handed over or skipped).
+  virtual void produced(const OpOutput& out, const std::vector<TensorRef>& values) = 0;
+  /// A node was recorded (or would be) that keeps `saved` for its backward.
+  virtual void saved(const std::vector<SavedTensor>& saved) = 0;
+
+ protected:
+  ~ScopeListener() = default;
+};
+
+/// A run scope, installed for its lifetime on this thread (the header's comment has the rules):
+/// its decider (if any), its listeners, the count of its ops.
+class RunScope {
+ public:
+  /// A scope whose ops `decider` decides for (none: ops compute); a barrier's enclosing scopes
+  /// skip nothing inside it.
+  explicit RunScope(OpOutputHook* decider = nullptr, bool barrier = false)
+      : decider_(decider), barrier_(barrier), first_serial_(next_storage_serial(false)), installed_(this) {}
+  /// Reports the saves it heard of tensors made before it to the enclosing scope.
+  ~RunScope() {
+    if (RunScope* parent = installed_.kept(); parent && !outside_.empty()) parent->saved(outside_);
+  }
+  RunScope(const RunScope&) = delete;
+  RunScope& operator=(const RunScope&) = delete;
+
+  /// `l` hears this scope's ops and saves from now on, for the scope's lifetime.
+  void listen(ScopeListener& l) { listeners_.push_back(&l); }
+  /// Ops made in this scope so far (the position of the next).
+  std::size_t ops() const { return ops_; }
+  OpOutputHook* decider() const { return decider_; }
+  bool barrier() const { return barrier_; }
+  /// The scope that was innermost when this one began.
+  RunScope* parent() const { return installed_.kept(); }
+
+  /// An op of this scope made its outputs.
+  void produced(const OpOutput& out, const std::vector<TensorRef>& values) {
+    for (ScopeListener* l : listeners_) l->produced(out, values);
+    ++ops_;
+  }
+  /// A save reported while this scope is the innermost.
+  void saved(const std::vector<SavedTensor>& saved) {
+    for (ScopeListener* l : listeners_) l->saved(saved);
+    for (const SavedTensor& s : saved)
+      if (const Storage* st = s.storage(); st && st->serial() < first_serial_ && outside_seen_.insert(st->serial()).second)
+        outside_.push_back(s);
+  }
+
+  /// The innermost scope on this thread, or null.
+  static RunScope* current() { return session().run_scope; }
+
+ private:
+  OpOutputHook* decider_;
+  bool barrier_;
+  std::uint64_t first_serial_;
+  std::size_t ops_ = 0;
+  std::vector<ScopeListener*> listeners_;
+  std::vector<SavedTensor> outside_;
+  std::unordered_set<std::uint64_t> outside_seen_;
+  Install<&Session::run_scope> installed_;  // kept(): the enclosing scope
+};
+
+}  // namespace detail
+
+/// A decider: it answers, for the ops of its run scope, whether to use stored tensors as an op's
+/// outputs (reuse) or to make them without computing (skip). Constructing one installs a run scope
+/// of its own with it as the decider, for its lifetime: the ops made meanwhile are its scope's,
+/// numbered from 0 (OpOutput::position). Selective checkpointing's replay, early stop and a chain's
+/// compact rebuild are deciders (composed in one place: checkpoint/run_parts.hpp). To hear ops
+/// without deciding, write an Observer.
 class OpOutputHook {
  public:
-  OpOutputHook() : installed_(this) {}
+  OpOutputHook() { scope_.emplace(this); }
   virtual ~OpOutputHook() = default;
   OpOutputHook(const OpOutputHook&) = delete;
   OpOutputHook& operator=(const OpOutputHook&) = delete;
 
-  /// Before the op computes: stored tensors to use as its outputs instead (all `count` of them, in
-  /// order), or none to let it compute.
+  /// Before an op of its scope computes: stored tensors to use as its outputs instead (all
+  /// `out.count` of them, in order), or none to let it compute.
   virtual std::vector<detail::TensorRef> reuse(const OpOutput& out) {
-    return outer() ? outer()->reuse(out) : std::vector<detail::TensorRef>{};
+    (void)out;
+    return {};
   }
-  /// Asked when reuse() supplied nothing: true when nobody will read the op's values (a replay past
-  /// the last tensor its backward needs), so the op makes its outputs' storage without computing
-  /// them. The outputs still carry their shapes, and the op still records its node.
-  virtual bool skip(const OpOutput& out) { return outer() ? outer()->skip(out) : false; }
-  /// After the op computed `values`, or was handed them by reuse(), or skipped them.
-  virtual void produced(const OpOutput& out, const std::vector<detail::TensorRef>& values) {
-    if (OpOutputHook* o = outer()) o->produced(out, values);
-  }
-  /// When a node is recorded (or would be, in a checkpointed forward that records none): the
-  /// tensors its backward will read. Whatever holds tensors for a backward outside a node's saved
-  /// list (a chain's snapshots) reports them here too, or a replay may skip computing them.
-  virtual void saved_for_backward(const std::vector<detail::SavedTensor>& saved) {
-    if (OpOutputHook* o = outer()) o->saved_for_backward(saved);
+  /// Asked when reuse() supplied nothing, with `out.position` at this decider's scope's place: true
+  /// when nobody will read the op's values (a replay past the last tensor its backward reads), so
+  /// the op makes its outputs' storage without computing them. The outputs still carry their
+  /// shapes, and the op still records its node. Asked for the ops of nested scopes too (at the
+  /// place they take in this one).
+  virtual bool skip(const OpOutput& out) {
+    (void)out;
+    return false;
   }
 
-  /// The innermost handler on this thread, or null.
-  static OpOutputHook* current() { return detail::session().op_output_handler; }
+  /// The decider of the innermost run scope on this thread, or null.
+  static OpOutputHook* current() {
+    const detail::RunScope* s = detail::RunScope::current();
+    return s ? s->decider() : nullptr;
+  }
 
-  /// RAII: no handler sees anything while it lives. An op computing its outputs holds one, so an
-  /// op built from other ops is one op to every handler (positions stay those of the forward).
+  /// RAII: no scope decides or hears anything while it lives. An op computing its outputs holds
+  /// one, so an op built from other ops is one op to every scope (positions stay those of the
+  /// forward).
   class Suspended {
    public:
     Suspended() : none_(nullptr) {}
 
    private:
-    detail::Install<&detail::Session::op_output_handler> none_;
+    detail::Install<&detail::Session::run_scope> none_;
   };
 
  protected:
-  /// The handler that was current when this one was installed (null for the outermost).
-  OpOutputHook* outer() const { return installed_.kept(); }
+  /// Tag of the constructor below.
+  struct Unscoped {};
+  /// A decider whose run scope someone else installs (the one composed in checkpoint/run_parts.hpp).
+  explicit OpOutputHook(Unscoped) {}
 
  private:
-  detail::Install<&detail::Session::op_output_handler> installed_;  // kept(): the outer handler
+  std::optional<detail::RunScope> scope_;
 };
 
 namespace detail {
@@ -176,8 +268,22 @@ namespace detail {
 /// outside a node's saved list.
 inline void report_saved_for_backward(const std::vector<SavedTensor>& saved) {
   if (saved.empty()) return;
-  if (OpOutputHook* hook = OpOutputHook::current()) hook->saved_for_backward(saved);
+  if (RunScope* scope = RunScope::current()) scope->saved(saved);
   notify([&](Observer& o) { o.saved(saved); });
+}
+
+/// Whether the op `out` is to be skipped: asked of its own scope's decider, then of each enclosing
+/// scope's at its own place, up to a barrier.
+inline bool scopes_skip(const OpOutput& out, RunScope* scope) {
+  for (RunScope* s = scope; s != nullptr; s = s->parent()) {
+    if (OpOutputHook* d = s->decider()) {
+      OpOutput at = out;
+      at.position = s->ops();
+      if (d->skip(at)) return true;
+    }
+    if (s->barrier()) break;
+  }
+  return false;
 }
 
 }  // namespace detail

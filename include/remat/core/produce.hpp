@@ -1,7 +1,9 @@
 #pragma once
-// How an op makes its outputs: through produce(), which is a plain call when no op-output hook is
-// installed, and otherwise tells the hook what is about to be computed (it may hand back stored
-// tensors instead) and what was computed. Every op in ops/ makes its outputs this way.
+// How an op makes its outputs: through produce(), which is a plain call when no run scope is
+// installed and no observer listens, and otherwise asks the scope's decider (it may hand back
+// stored tensors, or skip the compute), then tells the scope and the observers what was made —
+// offering observers how to compute it again (core/op_output.hpp). Every op in ops/ makes its
+// outputs this way.
 
 #include <algorithm>
 #include <array>
@@ -40,7 +42,7 @@ std::tuple<BasicTensor<Ts>...> make_unread(const std::array<Shape, sizeof...(Ts)
   return {unread_tensor<Ts>(shapes[I])...};
 }
 
-/// An op's outputs (a tuple of tensors) as type-erased references, for handlers.
+/// An op's outputs (a tuple of tensors) as type-erased references, for deciders and listeners.
 template <class... Ts>
 std::vector<TensorRef> refs_of(const std::tuple<BasicTensor<Ts>...>& outputs) {
   return std::apply([](const auto&... t) { return std::vector<TensorRef>{t.ref()...}; }, outputs);
@@ -73,7 +75,7 @@ class OpReads {
   void add(const std::shared_ptr<Storage>& s) {
     if (s) inline_[n_++] = &s;
   }
-  // Pointers into the caller's tensors: no copies, no allocation on an op's path without a handler.
+  // Pointers into the caller's tensors: no copies, no allocation on an op's path when nobody listens.
   std::array<const std::shared_ptr<Storage>*, kInline> inline_{};
   std::size_t n_ = 0;
   std::vector<const std::shared_ptr<Storage>*> more_;
@@ -112,15 +114,15 @@ class OfferedRecompute final : public RecomputeOffer {
 };
 
 /// The outputs of `op` (element types Ts..., shapes `shapes`): compute() — which returns them as a
-/// tuple — unless a handler supplies them; handlers and observers see what was computed, and
+/// tuple — unless a decider supplies them; the run scope and observers see what was made, and
 /// observers are offered how to compute it again. `flops` is the op's estimate of its work; `reads`
 /// are the tensors compute reads. compute captures by value: an observer may keep a copy and run it
 /// again later (a memory budget recomputing a discarded output).
 template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
                                            const OpReads& reads, Compute&& compute) {
-  OpOutputHook* hook = OpOutputHook::current();
-  if (!hook && !observers_listening()) {
+  RunScope* scope = RunScope::current();
+  if (!scope && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }
@@ -130,30 +132,32 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
   OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data(), dtypes.data()};
-  auto observed = [&](const std::vector<TensorRef>& values) { notify([&](Observer& o) { o.op(out, values); }); };
+  if (scope) out.position = scope->ops();
+  // The scope hears the op first, then the observers.
+  auto made = [&](const std::vector<TensorRef>& values) {
+    if (scope) scope->produced(out, values);
+    notify([&](Observer& o) { o.op(out, values); });
+  };
   notify([&](Observer& o) { o.op_begin(out); });
-  if (hook) {
-    if (const std::vector<TensorRef> supplied = hook->reuse(out); !supplied.empty()) {
-      REMAT_CHECK(supplied.size() == n, "{}: a handler supplied {} outputs where the op makes {}", op.name(),
+  if (OpOutputHook* decider = scope ? scope->decider() : nullptr) {
+    if (const std::vector<TensorRef> supplied = decider->reuse(out); !supplied.empty()) {
+      REMAT_CHECK(supplied.size() == n, "{}: a decider supplied {} outputs where the op makes {}", op.name(),
                   supplied.size(), n);
       for (std::size_t i = 0; i < n; ++i)
         REMAT_CHECK(supplied[i].shape == shapes[i],
-                    "{}: a handler supplied output {} of shape {} where shape {} is computed", op.name(), i,
+                    "{}: a decider supplied output {} of shape {} where shape {} is computed", op.name(), i,
                     supplied[i].shape, shapes[i]);
       auto result = tensors_from_refs<Ts...>(supplied, op.name(), std::index_sequence_for<Ts...>{});
-      hook->produced(out, supplied);  // handlers see every output, computed or handed over
-      observed(supplied);
+      made(supplied);
       return result;
     }
-    if (hook->skip(out)) {
-      // Nobody reads these values: storage of the right shapes, poisoned (NaN for floating types),
-      // so a reader that was not supposed to exist shows up instead of reading stale bytes.
-      auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
-      std::vector<TensorRef> refs = refs_of(result);
-      hook->produced(out, refs);
-      observed(refs);
-      return result;
-    }
+  }
+  if (scope && scopes_skip(out, scope)) {
+    // Nobody reads these values: storage of the right shapes, poisoned (NaN for floating types),
+    // so a reader that was not supposed to exist shows up instead of reading stale bytes.
+    auto result = make_unread<Ts...>(shapes, std::index_sequence_for<Ts...>{});
+    made(refs_of(result));
+    return result;
   }
   const std::uint64_t first_new_serial = next_storage_serial(false);
   std::tuple<BasicTensor<Ts>...> result = [&] {
@@ -162,18 +166,16 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
     TimelineSpan span(op.name(), "forward");
     return compute();
   }();
-  std::vector<TensorRef> refs = refs_of(result);
-  if (hook) hook->produced(out, refs);
   const OfferedRecompute<std::decay_t<Compute>> offer(reads, compute, first_new_serial);
   out.recompute = &offer;
-  observed(refs);
+  made(refs_of(result));
   return result;
 }
 
 /// produce_all for an op with one output.
 template <class T, class Compute>
 BasicTensor<T> produce(OpId op, const Shape& shape, double flops, const OpReads& reads, Compute&& compute) {
-  if (!OpOutputHook::current() && !observers_listening()) {
+  if (!RunScope::current() && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }

@@ -12,7 +12,7 @@
 // The rules, as PyTorch's: the innermost hooks in force when a node is recorded pack its tensors
 // (checkpoint boundaries and selectively kept outputs included: a checkpoint's node is a node);
 // the node keeps its unpack for as long as it lives, so backward may run after the scope ended;
-// pack and unpack run outside any graph (no grad, no op-output handlers or observers, no hooks),
+// pack and unpack run outside any graph (no grad, no run scopes or observers, no hooks),
 // so the ops they call are not part of the model. A pack that returns an empty std::any declines,
 // and the hooks outside it are asked next (unlike PyTorch, where a hook must return something to
 // unpack): a store that takes only some tensors — large ones, activations but not parameters —

@@ -37,11 +37,11 @@ class Tape;
 class Generator;
 class MemoryBudget;
 class Observer;
-class OpOutputHook;
 
 namespace detail {
 
 class AutocastCache;
+class RunScope;
 class RecordDraws;
 class ThreadSavedBooks;
 struct SavedTensorHooksPair;
@@ -72,7 +72,7 @@ struct Session {
   // Listeners (core/observer.hpp, core/op_output.hpp, core/saved_tensor_hooks.hpp).
   std::vector<Observer*> observers;  ///< outermost first
   int observers_quiet = 0;           ///< > 0 while an op computes from other ops
-  OpOutputHook* op_output_handler = nullptr;  ///< the innermost; each handler knows its outer one
+  RunScope* run_scope = nullptr;     ///< the innermost run scope (its decider, its listeners); each knows its enclosing one
   std::vector<std::shared_ptr<const SavedTensorHooksPair>> saved_tensor_hooks;  ///< innermost last
   int saved_tensor_hooks_off = 0;    ///< > 0 inside a pack or an unpack
   MemoryBudget* memory_budget = nullptr;  ///< the budget in force (one a thread: it is a store and an observer)
@@ -155,7 +155,7 @@ class Install {
   Install(const Install&) = delete;
   Install& operator=(const Install&) = delete;
 
-  /// A value slot's value before this guard (a handler's outer handler); a stack slot's entry.
+  /// A value slot's value before this guard (a run scope's enclosing one); a stack slot's entry.
   const Kept& kept() const { return kept_; }
 
  private:
