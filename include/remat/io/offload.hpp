@@ -94,7 +94,8 @@ struct OffloadOptions {
   std::size_t prefetch = 4;
   /// The most bytes read back and not yet let go by their nodes (one read is always allowed).
   std::size_t arena_bytes = std::size_t{256} << 20;
-  /// Float32 tensors written as their bfloat16 rounding (half the bytes; lossy, as SaveInBFloat16).
+  /// Float32 tensors written as their bfloat16 rounding (half the bytes; lossy, as SaveInBFloat16,
+  /// which also leaves what a chain holds exact: its replays start from it).
   bool bfloat16 = false;
   /// The most bytes on disk at once: a write beyond it fails as on a full disk.
   std::size_t disk_bytes = std::numeric_limits<std::size_t>::max();
@@ -194,7 +195,8 @@ class OffloadCore {
     r.op = std::string(context.op);
     r.shape = t.shape();
     r.dtype = t.dtype();
-    r.narrow = options_.bfloat16 && t.is<float>();
+    // As SaveInBFloat16: never what a chain holds, since its replays start from it.
+    r.narrow = options_.bfloat16 && t.is<float>() && context.by != SavedBy::chain;
     r.bytes = storage->bytes();
     r.payload = r.narrow ? r.bytes / 2 : r.bytes;
     std::lock_guard<std::mutex> lock(mutex_);
