@@ -45,6 +45,21 @@ void require_close(const Tensor& got, const std::vector<double>& want, const std
   }
 }
 
+/// A product's output under autocast: each element a bfloat16 value, the float32 sum (within float32
+/// summation error of want) rounded once to bfloat16 (half an ulp of bfloat16's 8 bits, 2^-8).
+void require_rounded_close(const Tensor& got, const std::vector<double>& want, const std::vector<double>& mag,
+                           std::int64_t K) {
+  const std::vector<float> g = got.to_vector();
+  REQUIRE(g.size() == want.size());
+  REQUIRE(got.storage()->bfloat16_exact());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": " << g[i] << " vs " << want[i]);
+    REQUIRE(detail::to_float(detail::to_bfloat16(g[i])) == g[i]);
+    REQUIRE(std::abs(static_cast<double>(g[i]) - want[i]) <=
+            1e-7 * static_cast<double>(K + 2) * mag[i] + std::ldexp(std::abs(want[i]), -8) + 1e-30);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("autocast: matmul runs on bfloat16 operands with float32 sums, forward and backward", "[ops][autocast]") {
@@ -65,7 +80,7 @@ TEST_CASE("autocast: matmul runs on bfloat16 operands with float32 sums, forward
     CHECK(std::string(c.dtype()) == "float32");
     c.backward(dc);  // outside the scope, as in PyTorch: the node kept what autocast chose
     const auto [want, mag] = reference(rounded(a), rounded(b), M, N, K, ta, tb);
-    require_close(c, want, mag, K);
+    require_rounded_close(c, want, mag, K);  // the output is a bfloat16 value, as PyTorch's
     // dA = dC op(B)ᵀ (stored transposed when A is), dB = op(A)ᵀ dC, over rounded dC.
     const std::vector<double> rdc = rounded(dc), ra = rounded(a), rb = rounded(b);
     std::vector<double> da(ra.size()), da_mag(ra.size()), db(rb.size()), db_mag(rb.size());
@@ -96,14 +111,14 @@ TEST_CASE("autocast: batched and broadcast matmul, and linear with its bias in f
   }
   const std::vector<double> ra = rounded(a), rb = rounded(b), rw = rounded(w);
   const auto [want_c, mag_c] = reference(ra, rb, 24, 5, 8, false, false);
-  require_close(c, want_c, mag_c, 8);
+  require_rounded_close(c, want_c, mag_c, 8);
   auto [want_y, mag_y] = reference(ra, rw, 24, 6, 8, false, true);
   const std::vector<float> bv = bias.to_vector();
   for (std::size_t i = 0; i < want_y.size(); ++i) {
     want_y[i] += bv[i % 6];  // the bias is not rounded: it is added in float32
     mag_y[i] += std::abs(static_cast<double>(bv[i % 6]));
   }
-  require_close(y, want_y, mag_y, 8);
+  require_rounded_close(y, want_y, mag_y, 8);  // the bias added in float32, then the sum rounded once
   Tensor q = randn({2, 3, 4, 8}, g), k = randn({3, 6, 8}, g), s;
   {
     autocast on;
@@ -132,6 +147,62 @@ TEST_CASE("autocast: what products save for backward is the bfloat16 copies, hal
   const std::size_t fp32 = saved_by(false), bf16 = saved_by(true);
   CHECK(fp32 == (64 * 32 + 16 * 32) * sizeof(float));
   CHECK(bf16 == (64 * 32 + 16 * 32) * 2);
+}
+
+TEST_CASE("autocast: a node that saves a product's output keeps it in 16 bits, at no loss", "[ops][autocast]") {
+  Generator g(35);
+  const Tensor x = randn({64, 32}, g), w = randn({48, 32}, g), b = randn({48}, g);
+  Tensor y;
+  {
+    autocast on;
+    y = linear(x, w, b);
+  }
+  REQUIRE(y.storage()->bfloat16_exact());
+  // GELU saves its input: the product's output in 16 bits, or, for the same values in a storage not
+  // marked so, in 32; the gradients are the same bits.
+  auto gelu_of = [](const Tensor& input, std::size_t* saved) {
+    Tensor in = input.detach().requires_grad_();
+    const std::size_t before = memory_stats().saved_bytes;
+    Tensor z = gelu(in);
+    *saved = memory_stats().saved_bytes - before;
+    sum(z * z).backward();
+    return in.grad();
+  };
+  std::size_t narrow = 0, wide = 0;
+  const Tensor g16 = gelu_of(y, &narrow);                    // y.detach() shares the marked storage
+  const Tensor g32 = gelu_of(detail::copy_of(y), &wide);     // a fresh storage: not marked
+  CHECK(narrow == 64 * 48 * 2);
+  CHECK(wide == 64 * 48 * sizeof(float));
+  CHECK(test::all_close(g16, g32));
+  // print_saved_tensors shows the 16-bit copy.
+  {
+    test::FreshTape fresh;
+    Tensor in = y.detach().requires_grad_();
+    Tensor z = gelu(in);
+    CHECK(saved_tensors(fresh.tape).str().find("bfloat16") != std::string::npos);
+  }
+  // A write in place after the save is the usual error; before it, the values are no longer known to
+  // be bfloat16 ones, and the node keeps float32.
+  {
+    test::FreshTape fresh;
+    Tensor in = detail::copy_of(y);
+    in.storage()->mark_bfloat16_exact();
+    in.requires_grad_();
+    Tensor z = gelu(in);
+    in.data()[0] += 1.0f;
+    in.storage()->bump_version();
+    REQUIRE_ERROR(sum(z).backward(), "modified in place");
+  }
+  {
+    test::FreshTape fresh;
+    Tensor in = detail::copy_of(y);
+    in.storage()->mark_bfloat16_exact();
+    in.storage()->bump_version();  // written since it was marked
+    in.requires_grad_();
+    const std::size_t before = memory_stats().saved_bytes;
+    Tensor z = gelu(in);
+    CHECK(memory_stats().saved_bytes - before == 64 * 48 * sizeof(float));
+  }
 }
 
 TEST_CASE("autocast: double tensors and a disabled region compute exactly as without it", "[ops][autocast]") {

@@ -1,8 +1,10 @@
 #pragma once
 // Mixed precision: remat::autocast, PyTorch's torch.autocast("cpu", dtype=torch.bfloat16). While a
 // guard lives on a thread, float32 matrix products take bfloat16 copies of their operands on the
-// bfloat16 GEMM (core/gemm.hpp's gemm_bf16) and sum in float32; their outputs stay float32, and
-// what their nodes save for backward is the bfloat16 copies (half the bytes). Backward multiplies
+// bfloat16 GEMM (core/gemm.hpp's gemm_bf16) and sum in float32; their outputs are float32 tensors
+// holding bfloat16 values (rounded once, as PyTorch's bfloat16 outputs), and what their nodes save
+// for backward is the bfloat16 copies (half the bytes). Any node that saves such an output — GELU
+// after a linear layer, say — keeps it in 16 bits too, at no loss (pack_saved). Backward multiplies
 // in bfloat16 too (the output gradient narrowed, float32 sums), as PyTorch's autocast backward does.
 //
 // The ops it changes: matmul (every form: 2-D, batched, transposed operands), linear, and the
@@ -165,6 +167,15 @@ inline BasicTensor<bfloat16> autocast_operand(const BasicTensor<float>& t) {
   AutocastCache* cache = session().autocast_cache.get();
   if (cache && cache->caches(t)) return cache->copy_of(t);
   return cast_copy<bfloat16>(t);
+}
+
+/// A product's float32 output under autocast, made a bfloat16 value as PyTorch's is (its sums were
+/// float32; the result is rounded once): marked so, a node saving it keeps it in 16 bits at no loss
+/// (pack_saved), and what reads it computes with the values PyTorch's autocast gives.
+inline void round_product_output(BasicTensor<float>& out) {
+  float* p = out.data();
+  convert_elements(p, p, out.numel(), round_to_bfloat16);
+  out.storage()->mark_bfloat16_exact();
 }
 
 /// A product's operand in element type E: the tensor itself, or its bfloat16 copy.

@@ -4,6 +4,7 @@
 // put a node on the current tape, and Tensor::backward(). Tapes, generators and hooks are per
 // thread: two threads training independent models never see each other's state.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "remat/core/bfloat16.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/node.hpp"
 #include "remat/core/observer.hpp"
@@ -51,9 +53,30 @@ decltype(auto) outside_graph(F&& f) {
   return std::forward<F>(f)();
 }
 
+/// Keeps each float32 tensor in `saved` that holds bfloat16 values (a product's output under
+/// autocast) as its 16-bit copy, one copy per storage: half the bytes, read back exactly.
+inline void narrow_exact_saved(std::vector<SavedTensor>& saved) {
+  std::vector<std::pair<const Storage*, std::shared_ptr<Storage>>> copies;  // a node saves a few
+  for (SavedTensor& s : saved) {
+    if (!s.narrows_exactly()) continue;
+    const Storage* original = s.storage();
+    auto it = std::find_if(copies.begin(), copies.end(), [&](const auto& c) { return c.first == original; });
+    if (it == copies.end()) {
+      const auto n = static_cast<std::int64_t>(original->bytes() / sizeof(float));
+      auto copy = std::make_shared<Storage>(static_cast<std::size_t>(n) * sizeof(Eigen::bfloat16));
+      convert_elements(static_cast<const float*>(original->data()), static_cast<Eigen::bfloat16*>(copy->data()), n,
+                       narrow_to_bfloat16);
+      it = copies.insert(copies.end(), {original, std::move(copy)});
+    }
+    s.narrow_exact(it->second);
+  }
+}
+
 /// Hands each tensor in `saved` to the thread's saved-tensor hooks in force, innermost first: the
-/// first that does not decline keeps it.
+/// first that does not decline keeps it. Float32 tensors holding bfloat16 values are narrowed
+/// first (narrow_exact_saved), so the hooks see their 16-bit copies.
 inline void pack_saved(std::vector<SavedTensor>& saved, const SaveContext& context) {
+  narrow_exact_saved(saved);
   const auto* active = active_saved_tensor_hooks();
   if (!active) return;
   // A copy: a pack may install hooks of its own for a while (the list may change under us).

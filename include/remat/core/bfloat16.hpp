@@ -103,6 +103,12 @@ inline void widen_from_bfloat16(const bfloat16* src, float* dst, std::int64_t n)
   for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
 }
 
+/// x[i] = to_float(to_bfloat16(x[i])) in place: float32 values rounded to bfloat16's.
+inline void round_to_bfloat16(const float* src, float* dst, std::int64_t n) {
+  REMAT_PRAGMA_OMP(omp simd)
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(to_bfloat16(src[i]));
+}
+
 /// kernel(src + b, dst + b, e - b) over pieces of [0, n) on the kernels' threads. Pieces start at
 /// multiples of 64 elements so that every thread count gives the vector kernels whole blocks; the
 /// bits would not differ otherwise (each element's result is its own), only the speed.

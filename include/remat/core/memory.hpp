@@ -327,6 +327,12 @@ class Storage {
   std::size_t bytes() const { return bytes_; }
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
+  /// Whether its float32 values are bfloat16 values now (a product under autocast rounded them, as
+  /// PyTorch's are bfloat16): a node saving it keeps it in 16 bits at no loss. An in-place write
+  /// since the mark clears it.
+  bool bfloat16_exact() const { return exact_mark_ == version_ + 1; }
+  /// Marks its values bfloat16 values as of its current version.
+  void mark_bfloat16_exact() { exact_mark_ = version_ + 1; }
   std::uint64_t serial() const { return serial_; }
 
   void retain_saved() {
@@ -389,6 +395,7 @@ class Storage {
   std::size_t bytes_;
   std::uint64_t serial_;
   std::uint64_t version_ = 0;
+  std::uint64_t exact_mark_ = 0;  // version + 1 when its values were marked bfloat16 values; 0: never
   int saved_refs_ = 0;
   bool parameter_ = false;
   std::shared_ptr<ThreadSavedBooks> books_;  // while saved: the books these bytes count in

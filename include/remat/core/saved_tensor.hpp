@@ -15,6 +15,7 @@
 #include <string_view>
 #include <utility>
 
+#include "remat/core/bfloat16.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/tensor.hpp"
@@ -109,14 +110,41 @@ class SavedTensor {
   BasicTensor<U> get(const char* op) const {
     return BasicTensor<U>::from_ref(ref(op), op);
   }
-  /// The tensor as a type-erased reference, with the same checks; a packed tensor is unpacked.
+  /// The tensor as a type-erased reference, with the same checks; a packed tensor is unpacked, and
+  /// one kept in 16 bits (narrow_exact) widened back to its float32 values.
   TensorRef ref(const char* op) const {
     REMAT_CHECK(storage_ != nullptr || packed_ != nullptr, "{}: a saved tensor was already freed; backward through "
                 "this part of the graph ran before (use retain_graph=true to run it twice)", op);
-    if (packed_) return unpacked(op);
-    check_version(op, *storage_);
-    return {storage_, shape_, dtype_};
+    TensorRef kept;
+    if (packed_) {
+      kept = unpacked(op);
+    } else {
+      if (widen_) {
+        if (const auto original = original_.lock()) check_version(op, *original);
+      } else {
+        check_version(op, *storage_);
+      }
+      kept = {storage_, shape_, dtype_};
+    }
+    return widen_ ? widened(kept) : kept;
   }
+  /// Keeps a float32 tensor whose values are bfloat16 values (Storage::bfloat16_exact: a product's
+  /// output under autocast) as its 16-bit copy, read back widened: half the bytes, no loss. `copy`
+  /// is that copy when the caller made it already (another saved tensor of the same storage). Before
+  /// pack() and retain().
+  void narrow_exact(std::shared_ptr<detail::Storage> copy) {
+    original_ = storage_;
+    storage_ = std::move(copy);
+    dtype_ = dtype_name<Eigen::bfloat16>();
+    widen_ = true;
+  }
+  /// Whether it would be kept in 16 bits at no loss (a float32 tensor holding bfloat16 values).
+  bool narrows_exactly() const {
+    return !widen_ && !packed_ && storage_ && std::strcmp(dtype_, dtype_name<float>()) == 0 &&
+           storage_->bfloat16_exact() && storage_->version() == version_;
+  }
+  /// Whether it is kept in 16 bits, read back as float32.
+  bool widened_on_read() const { return widen_; }
   /// Dates the save back to version `v` of the storage, for a record made after the save itself (a
   /// chain's compactly held step): a write in between is then the in-place error. Before pack().
   void set_saved_version(std::uint64_t v) { version_ = v; }
@@ -164,7 +192,7 @@ class SavedTensor {
   /// Hands the tensor to a store: from now on the node keeps `packed` (its value and the store's
   /// functions) and a weak eye on the storage, for the in-place check while it lives. Before retain().
   void pack(PackedTensor packed) {
-    original_ = storage_;
+    if (!widen_) original_ = storage_;  // a 16-bit copy's original stays the float32 tensor
     packed_bytes_ = storage_->bytes();
     packed_ = std::make_shared<PackedTensor>(std::move(packed));
     storage_.reset();
@@ -189,6 +217,17 @@ class SavedTensor {
     return t.ref();
   }
 
+  /// The float32 tensor of `k`, the 16-bit copy this keeps: widened afresh (and marked exact, so a
+  /// node saving it again keeps it in 16 bits too).
+  static TensorRef widened(const TensorRef& k) {
+    auto wide = std::make_shared<Storage>(k.storage->bytes() * 2);
+    const auto* src = static_cast<const Eigen::bfloat16*>(k.storage->data());
+    auto* dst = static_cast<float*>(wide->data());
+    convert_elements(src, dst, static_cast<std::int64_t>(k.storage->bytes() / 2), widen_from_bfloat16);
+    wide->mark_bfloat16_exact();
+    return {std::move(wide), k.shape, dtype_name<float>()};
+  }
+
   std::shared_ptr<detail::Storage> storage_;
   Shape shape_;
   std::uint64_t version_;
@@ -196,6 +235,7 @@ class SavedTensor {
   std::shared_ptr<const PackedTensor> packed_;
   std::weak_ptr<detail::Storage> original_;
   std::size_t packed_bytes_ = 0;
+  bool widen_ = false;  // kept as the 16-bit copy of a float32 tensor holding bfloat16 values
 };
 
 }  // namespace detail

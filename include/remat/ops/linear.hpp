@@ -32,6 +32,7 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
     BasicTensor<T> result{Shape(s)};
     gemm(false, true, rows, out, in, xe.cdata(), in, we.cdata(), in, result.data(), out);
     if (bias.defined()) matrix(result, out).rowwise() += flat(bias).matrix().transpose();
+    if constexpr (!std::is_same_v<E, T>) round_product_output(result);
     return result;
   });
   if (grad_needed(x, weight, bias)) {
@@ -85,8 +86,8 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
 /// x (..., in), weight (out, in), bias (out,) or undefined  ->  y (..., out).
 /// dx = dy W,  dW = Σ_rows dyᵀ x,  db = Σ_rows dy.
 /// Saves: W if x needs a gradient, x if W does. Under autocast (float32): the product and its
-/// gradients on bfloat16 copies of x, W and dy with float32 sums, the bias added in float32, and
-/// the bfloat16 copies saved.
+/// gradients on bfloat16 copies of x, W and dy with float32 sums, the bias added in float32, the
+/// output rounded to bfloat16 values, and the bfloat16 copies saved.
 /// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias = {}) {

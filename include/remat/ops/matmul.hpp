@@ -103,6 +103,7 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
         detail::gemm(ta, tb, M, N, K, pa + batches.a_offset[u], lda, pb + batches.b_offset[u], ldb, pc + i * M * N, N);
       });
     }
+    if constexpr (!std::is_same_v<E, T>) detail::round_product_output(out);
     return out;
   });
   if (detail::grad_needed(a, b)) {
@@ -184,7 +185,7 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
 /// batch dims its operand was broadcast along.
 /// Saves: B if A needs a gradient, A if B does.
 /// Under autocast (float32): the products on bfloat16 copies of A, B and dC with float32 sums, the
-/// copies saved.
+/// output rounded to bfloat16 values, the copies saved.
 /// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool transpose_a, bool transpose_b) {
