@@ -192,6 +192,58 @@ inline Install<&Session::replay_depth> scoped_replay() {
 
 }  // namespace detail
 
+namespace detail {
+
+/// One root of a backward walk: a tensor and the gradient it starts with.
+template <class T>
+struct BackwardRoot {
+  const BasicTensor<T>* tensor;
+  BasicTensor<T> gradient;  ///< of the tensor's shape (checked by the caller)
+};
+
+/// The walk behind backward() and grad(): each root's gradient accumulates into it, then the tape
+/// holding the roots runs from the newest root's node down. `who` names the caller in errors.
+template <class T>
+void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool retain_graph) {
+  Tape* tape = nullptr;
+  std::ptrdiff_t newest = -1;
+  for (const BackwardRoot<T>& r : roots) {
+    const auto& meta = *r.tensor->meta();
+    if (meta.is_leaf()) continue;
+    const Shape& shape = r.tensor->shape();
+    auto [holder, index] = locate_node(meta.node_id);
+    REMAT_CHECK(!meta.history_freed,
+                "{}: the graph that produced this tensor (shape {}) has already been freed — "
+                "backward ran through it before; pass retain_graph=true to the first backward to run "
+                "it twice", who, shape);
+    // Not freed, yet on none of this thread's tapes: each thread records on its own.
+    REMAT_CHECK(holder != nullptr,
+                "{}: the graph that produced this tensor (shape {}) is not on this thread's tapes — "
+                "it was recorded on another thread; run backward on the thread whose forward recorded it",
+                who, shape);
+    REMAT_CHECK(tape == nullptr || tape == holder,
+                "{}: the outputs were recorded on different tapes (one inside a checkpoint's replay, one "
+                "outside it); differentiate each where it was recorded", who);
+    tape = holder;
+    newest = std::max(newest, index);
+  }
+  // Observers hear whether a backward is the outermost (a dry run inside one is not an end).
+  const bool outermost = session().backward_depth == 0;
+  Install<&Session::backward_depth> depth(session().backward_depth + 1);
+  notify([&](Observer& o) { o.backward_begin(outermost); });
+  try {
+    for (BackwardRoot<T>& r : roots) accumulate_grad(*r.tensor->meta(), std::move(r.gradient));
+    if (tape) tape->backward(static_cast<TapePosition>(newest) + 1, 0, retain_graph);
+  } catch (...) {
+    notify([&](Observer& o) { o.backward_end(false, outermost); });
+    throw;
+  }
+  // An observer may throw here (a memory budget the step did not fit): after every one has heard.
+  notify([&](Observer& o) { o.backward_end(true, outermost); });
+}
+
+}  // namespace detail
+
 template <class T>
 void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) const {
   REMAT_CHECK(defined(), "backward: the tensor is undefined");
@@ -210,33 +262,7 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
     seed = BasicTensor(shape_);
     detail::flat(seed).setOnes();
   }
-  Tape* tape = nullptr;
-  std::ptrdiff_t index = -1;
-  if (!meta_->is_leaf()) {
-    std::tie(tape, index) = detail::locate_node(meta_->node_id);
-    REMAT_CHECK(!meta_->history_freed,
-                "backward: the graph that produced this tensor (shape {}) has already been freed — "
-                "backward ran through it before; pass retain_graph=true to the first backward to run "
-                "it twice", shape_);
-    // Not freed, yet on none of this thread's tapes: each thread records on its own.
-    REMAT_CHECK(tape != nullptr,
-                "backward: the graph that produced this tensor (shape {}) is not on this thread's tapes — "
-                "it was recorded on another thread; run backward on the thread whose forward recorded it",
-                shape_);
-  }
-  // Observers hear whether a backward is the outermost (a dry run inside one is not an end).
-  const bool outermost = detail::session().backward_depth == 0;
-  detail::Install<&detail::Session::backward_depth> depth(detail::session().backward_depth + 1);
-  detail::notify([&](Observer& o) { o.backward_begin(outermost); });
-  try {
-    detail::accumulate_grad(*meta_, std::move(seed));
-    if (tape) tape->backward(static_cast<TapePosition>(index) + 1, 0, retain_graph);
-  } catch (...) {
-    detail::notify([&](Observer& o) { o.backward_end(false, outermost); });
-    throw;
-  }
-  // An observer may throw here (a memory budget the step did not fit): after every one has heard.
-  detail::notify([&](Observer& o) { o.backward_end(true, outermost); });
+  detail::run_backward<T>("backward", {{this, std::move(seed)}}, retain_graph);
 }
 
 }  // namespace remat

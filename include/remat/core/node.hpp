@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "remat/core/error.hpp"
+#include "remat/core/grad_capture.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/core/saved_tensor.hpp"
 #include "remat/core/tensor.hpp"
@@ -81,13 +82,16 @@ class Node {
 template <class T>
 void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
   if (meta.is_leaf() && session().discard_leaf_grads) return;  // a dry run
+  GradCapture* capture = meta.is_leaf() ? session().grad_capture : nullptr;
+  if (capture) capture->set_aside(meta);
   if (!meta.grad.defined()) {
     // Adopt the buffer when nothing else holds it; otherwise copy, so two gradients never alias.
     meta.grad = g.storage().use_count() == 1 && !g.meta() ? std::move(g) : copy_of(g);
   } else {
     flat(meta.grad) += flat(g);
   }
-  if (meta.is_leaf()) notify([&](Observer& o) { o.leaf_grad(&meta); });
+  // Under grad() no .grad changes for good: observers (data parallel's reduction) hear nothing.
+  if (meta.is_leaf() && !capture) notify([&](Observer& o) { o.leaf_grad(&meta); });
 }
 
 /// A node whose inputs hold elements of type In and whose outputs hold Out: the same type for
@@ -179,8 +183,13 @@ class TypedNode final : public Node {
     std::vector<BasicTensor<Out>> grads(outputs_.size());
     for (std::size_t i = 0; i < outputs_.size(); ++i) {
       if (auto m = outputs_[i].lock()) {
-        grads[i] = m->grad;
-        if (!m->retains_grad) m->grad = BasicTensor<Out>();  // consumed: free it now
+        grads[i] = std::move(m->grad);  // consumed: a later backward starts from nothing
+        m->grad = BasicTensor<Out>();
+        const GradCapture* capture = session().grad_capture;
+        if (grads[i].defined() && (capture ? capture->keeps(m.get()) : m->retains_grad)) {
+          if (m->retained.defined()) flat(m->retained) += flat(grads[i]);
+          else m->retained = copy_of(grads[i]);
+        }
       }
     }
     BackwardContext<In, Out> ctx(*this, grads, retain_graph);

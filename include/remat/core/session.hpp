@@ -41,6 +41,7 @@ class Observer;
 namespace detail {
 
 class AutocastCache;
+class GradCapture;
 class RunScope;
 class RecordDraws;
 class ThreadSavedBooks;
@@ -62,6 +63,7 @@ struct Session {
   std::uint64_t next_node_id = 1;
   std::vector<Tape*> tapes;   ///< the current tapes, innermost last; [0] is root_tape (tape_stack())
   bool discard_leaf_grads = false;  ///< a dry run: gradients reaching leaves are dropped
+  GradCapture* grad_capture = nullptr;  ///< remat::grad() walking: leaves' .grad put back after
   bool autocast = false;            ///< remat::autocast: float32 matrix products on the bfloat16 GEMM
   std::shared_ptr<AutocastCache> autocast_cache;  ///< the outermost autocast scope's parameter casts
 

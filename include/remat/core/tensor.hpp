@@ -55,12 +55,16 @@ struct TensorRef {
 /// Autograd state of one tensor. Nodes hold it strongly for their inputs and weakly for their
 /// outputs, so the tape never keeps an activation's data alive unless it saved it.
 template <class T>
-struct AutogradMeta {
+struct AutogradMeta : std::enable_shared_from_this<AutogradMeta<T>> {
   bool requires_grad = false;
   bool retains_grad = false;  ///< keep .grad on a non-leaf (leaves always keep it)
   std::uint64_t node_id = 0;  ///< the node that produced this tensor; 0 for a leaf
   bool history_freed = false; ///< its node ran without retain_graph, or its tape was reset
+  /// A leaf's .grad; on a non-leaf, the gradient flowing to its node in the backward under way.
   BasicTensor<T> grad;
+  /// A non-leaf's .grad under retain_grad(): what its node received, summed over backwards. Apart
+  /// from `grad`, so that a second backward does not send the first one's gradient on again.
+  BasicTensor<T> retained;
   bool is_leaf() const { return node_id == 0; }
 };
 
@@ -140,11 +144,12 @@ class BasicTensor {
   }
   /// Whether it was made by the user rather than by a recorded op.
   bool is_leaf() const { return !meta_ || meta_->is_leaf(); }
-  /// The accumulated gradient; undefined until a backward reaches this tensor.
-  BasicTensor grad() const { return meta_ ? meta_->grad : BasicTensor(); }
+  /// The accumulated gradient; undefined until a backward reaches this tensor (a non-leaf keeps
+  /// one only under retain_grad()).
+  BasicTensor grad() const;
   /// Drops the gradient (PyTorch's set_to_none=True): the next backward starts from nothing.
   void zero_grad() {
-    if (meta_) meta_->grad = BasicTensor();
+    if (meta_) meta_->grad = meta_->retained = BasicTensor();
   }
   /// Keeps .grad on a non-leaf after backward, for inspection.
   BasicTensor& retain_grad() {
@@ -262,5 +267,19 @@ BasicTensor<T> copy_of(const BasicTensor<T>& t) {
 }
 
 }  // namespace detail
+
+template <class T>
+BasicTensor<T> BasicTensor<T>::grad() const {
+  if (!meta_) return BasicTensor();
+  const detail::AutogradMeta<T>& m = *meta_;
+  if (m.is_leaf()) return m.grad;
+  // A non-leaf: what its node received (retain_grad), and what is on its way to the node now (a
+  // backward that stopped before it, as a replay's between two tape positions does).
+  if (!m.grad.defined()) return m.retained;
+  if (!m.retained.defined()) return m.grad;
+  BasicTensor sum = detail::copy_of(m.retained);
+  detail::flat(sum) += detail::flat(m.grad);
+  return sum;
+}
 }  // namespace remat
 

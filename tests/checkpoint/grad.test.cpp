@@ -1,0 +1,111 @@
+// remat::grad (torch.autograd.grad): gradients returned, no .grad written, through every policy.
+#include "checkpoint/support_checkpoint.hpp"
+
+using namespace remat;
+
+namespace {
+
+std::vector<float> flat_values(const Tensor& t) { return t.defined() ? t.to_vector() : std::vector<float>{}; }
+
+}  // namespace
+
+TEST_CASE("grad: a leaf's and a computed tensor's gradients, as backward gives them, no .grad written",
+          "[checkpoint][grad]") {
+  test::FreshTape fresh;
+  Tensor x = tensor({1.f, 2.f, 3.f}).requires_grad_();
+  Tensor w = tensor({0.5f, -1.f, 2.f}).requires_grad_();
+  sum(w * 7.0f).backward();  // w.grad = 7: grad() must leave it so
+  Tensor h = x * w;
+  Tensor y = sum(h * h + x);
+  const std::vector<Tensor> g = grad(y, {x, h, w}, GradOptions{true});
+  // dy/dh = 2h, dy/dx = 2h·w + 1, dy/dw = 2h·x
+  CHECK(flat_values(g[1]) == std::vector<float>{1.f, -4.f, 12.f});
+  CHECK(flat_values(g[0]) == std::vector<float>{1.5f, 5.f, 25.f});
+  CHECK(flat_values(g[2]) == std::vector<float>{1.f, -8.f, 36.f});
+  CHECK_FALSE(x.grad().defined());
+  CHECK_FALSE(h.grad().defined());
+  CHECK(flat_values(w.grad()) == std::vector<float>{7.f, 7.f, 7.f});
+  // The graph was kept: backward now gives the same, into .grad.
+  h.retain_grad();
+  y.backward();
+  CHECK(flat_values(x.grad()) == flat_values(g[0]));
+  CHECK(flat_values(h.grad()) == flat_values(g[1]));
+  CHECK(flat_values(w.grad()) == std::vector<float>{8.f, -1.f, 43.f});
+}
+
+TEST_CASE("grad: several outputs weighted by grad_outputs, and a retained gradient kept apart", "[checkpoint][grad]") {
+  test::FreshTape fresh;
+  Tensor x = tensor({1.f, -2.f}).requires_grad_();
+  Tensor a = x * 3.0f;
+  a.retain_grad();
+  Tensor b = exp(x);
+  const std::vector<Tensor> g =
+      grad<float>({a, b}, {x}, {tensor({1.f, 2.f}), tensor({0.5f, 0.25f})}, GradOptions{true});
+  const std::vector<float> e = exp(tensor({1.f, -2.f})).to_vector();
+  CHECK(flat_values(g[0]) == std::vector<float>{3.f + 0.5f * e[0], 6.f + 0.25f * e[1]});
+  CHECK_FALSE(a.grad().defined());  // a retains its gradient, yet grad() wrote none
+}
+
+TEST_CASE("backward: a second backward through a retained gradient sends only its own gradient on",
+          "[checkpoint][grad]") {
+  // Before: the retained .grad of h stayed as the gradient flowing into h's node, so the second
+  // backward sent the first one's on again (x.grad 24 instead of 16, as in PyTorch).
+  test::FreshTape fresh;
+  Tensor x = ones({3}).requires_grad_();
+  Tensor h = x * 2.0f;
+  h.retain_grad();
+  Tensor y = sum(h * h);
+  y.backward(true);
+  CHECK(flat_values(x.grad()) == std::vector<float>{8.f, 8.f, 8.f});
+  CHECK(flat_values(h.grad()) == std::vector<float>{4.f, 4.f, 4.f});
+  y.backward(true);
+  CHECK(flat_values(x.grad()) == std::vector<float>{16.f, 16.f, 16.f});
+  CHECK(flat_values(h.grad()) == std::vector<float>{8.f, 8.f, 8.f});
+  h.zero_grad();
+  CHECK_FALSE(h.grad().defined());
+}
+
+TEST_CASE("grad: through every checkpointing policy of a GPT, dropout on, bitwise backward's gradients",
+          "[checkpoint][grad]") {
+  for (const char* how : {"none", "blocks", "selective", "sqrt", "binomial:2"}) {
+    INFO(how);
+    test::FreshTape fresh;
+    test::GptStep step(how);
+    std::vector<Tensor> params;
+    for (auto& [name, p] : step.gpt.named_parameters()) params.push_back(*p);
+    step.gpt.zero_grad();
+    manual_seed(4);
+    step.loss().backward();
+    const std::vector<std::vector<float>> by_backward = test::gradients(step.gpt);
+    step.gpt.zero_grad();
+    manual_seed(4);
+    const std::vector<Tensor> g = grad(step.loss(), params);
+    REQUIRE(g.size() == by_backward.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(flat_values(g[i]) == by_backward[i]);
+      CHECK_FALSE(params[i].grad().defined());
+    }
+  }
+}
+
+TEST_CASE("grad: bad calls are errors naming the tensor and what was expected", "[checkpoint][grad]") {
+  test::FreshTape fresh;
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  Tensor unused = tensor({3.f}).requires_grad_();
+  Tensor plain = tensor({4.f, 5.f});
+  Tensor y = sum(x * x);
+  REQUIRE_ERROR(grad(y, {x}, GradOptions{true, true}), "grad", "create_graph");
+  REQUIRE_ERROR(grad(y, {plain}, GradOptions{true}), "grad", "input 0", "(2,)", "does not require grad");
+  REQUIRE_ERROR(grad(y, {x, unused}, GradOptions{true}), "grad", "input 1", "(1,)", "allow_unused");
+  const std::vector<Tensor> g = grad(y, {x, unused}, GradOptions{true, false, true});
+  CHECK(flat_values(g[0]) == std::vector<float>{2.f, 4.f});
+  CHECK_FALSE(g[1].defined());
+  // A gradient has no graph: differentiating it again says so.
+  REQUIRE_ERROR(grad(sum(g[0]), {x}), "grad", "output 0", "does not require grad");
+  Tensor v = x * 2.0f;
+  REQUIRE_ERROR(grad<float>({v}, {x}, {ones({3})}), "grad", "grad_outputs[0]", "(3,)", "(2,)");
+  REQUIRE_ERROR(grad(v, {x}), "grad", "output 0", "(2,)", "one-element");
+  grad(y, {x});  // frees the graph
+  REQUIRE_ERROR(grad(y, {x}), "grad", "freed", "retain_graph");
+}
