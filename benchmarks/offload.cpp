@@ -4,6 +4,7 @@
 //
 //   bench_offload [--layers 8] [--width 256] [--heads 4] [--context 128] [--batch 8] [--vocab 256]
 //                 [--dropout 0.1] [--rounds 7] [--dir /var/tmp] [--min 1048576] [--prefetch 4] [--direct 1]
+//                 [--curve 0]
 //
 // Settings: blocks in RAM; blocks with its boundaries offloaded (SavedBy::checkpoint); none in RAM;
 // none with every saved tensor of at least --min offloaded. Columns: the step's wall time (forward
@@ -12,6 +13,12 @@
 // step's peak of live bytes above its start; the store's own peak RAM (waiting writes and the
 // read-ahead arena); the saved-for-backward books' peak (what nodes hold themselves); the bytes
 // written; late reads of reads; and whether the gradients are bitwise those of the same policy in RAM.
+//
+// --curve 1: the trade curve instead (benchmarks/offload_curve.py plots it): one JSON line per
+// setting — hand-placed policies in RAM, MemoryBudget alone at fractions of no checkpointing's
+// activation peak, offload alone (everything of at least 4 MiB, 1 MiB, 256 KiB; blocks' boundaries),
+// and a budget with an Offload inside it (the offload takes what is ≥ 4 MiB, the budget keeps and
+// may discard the rest) — each with its step time and the RAM the step adds at its peak.
 
 #include <algorithm>
 #include <chrono>
@@ -58,31 +65,38 @@ std::pair<double, double> disk_bandwidth(const std::string& dir, std::size_t byt
 }
 
 struct Setting {
-  const char* name;
-  const char* policy;
-  bool offload;
-  bool boundaries_only;
+  std::string name;
+  std::string policy;          // apply_checkpointing's (policy::parse), or "none"
+  bool offload = false;
+  bool boundaries_only = false;  // offload only what checkpoint() saves
+  std::size_t min_bytes = 0;     // offload what is at least this (when not boundaries_only)
+  double budget_fraction = 0;    // > 0: a MemoryBudget of this fraction of none's activation peak
 };
-
 struct Sample {
   double ms;
   std::size_t held, peak, store_peak, books_peak, written, late, reads, called_off;
+  std::size_t activation_peak;  // the saved-activation books' peak (what a budget caps)
   double forward_ms, wait_ms, write_ms, read_ms;
+  bool infeasible;  // the budget could not hold the step
   std::vector<std::vector<float>> grads;
 };
 
-Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, const LongTensor& idx,
-            const LongTensor& targets) {
+Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, std::size_t budget_bytes,
+            const LongTensor& idx, const LongTensor& targets) {
+  apply_checkpointing(gpt, s.policy == "none" ? Checkpointing::none() : policy::parse(s.policy));
   for (Tensor* p : gpt.parameters()) p->zero_grad();
   manual_seed(2);
   Sample out{};
-  const std::size_t start = memory_stats().live_bytes;
+  const std::size_t start = memory_stats().live_bytes, activations = memory_stats().saved_activation_bytes;
   MemoryScope scope;
   const auto t = Clock::now();
   {
+    std::optional<MemoryBudget> budget;  // outside the offload: stores nest, the inner one asked first
+    if (s.budget_fraction > 0) budget.emplace(budget_bytes);
     std::optional<Offload> offload;
     if (s.offload) {
       OffloadOptions o = base;
+      o.min_bytes = s.min_bytes;
       if (s.boundaries_only) {
         o.min_bytes = 0;
         o.only = [](const AnyTensor&, const SaveContext& c) { return c.by == SavedBy::checkpoint; };
@@ -92,7 +106,12 @@ Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, const Lo
     Tensor loss = gpt.loss(idx, targets);
     out.forward_ms = seconds_since(t) * 1e3;
     out.held = memory_stats().live_bytes - start;
-    loss.backward();
+    try {
+      loss.backward();
+    } catch (const Error&) {
+      if (!budget || budget->least_feasible_bytes() == 0) throw;
+      out.infeasible = true;  // the gradients are complete; the step went over the cap
+    }
     if (offload) {
       const OffloadStats st = offload->stats();
       out.store_peak = st.peak_ram_bytes;
@@ -108,6 +127,7 @@ Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, const Lo
   out.ms = seconds_since(t) * 1e3;
   out.peak = scope.peak_bytes() - start;
   out.books_peak = scope.peak_saved_bytes() - scope.start_saved_bytes();
+  out.activation_peak = scope.peak_saved_activation_bytes() - activations;
   for (Tensor* p : gpt.parameters()) out.grads.push_back(p->grad().to_vector());
   return out;
 }
@@ -124,7 +144,7 @@ int main(int argc, char** argv) {
                                       {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                        {"batch", "8"}, {"vocab", "256"}, {"dropout", "0.1"}, {"rounds", "7"},
                                        {"dir", "/var/tmp"}, {"min", "1048576"}, {"prefetch", "4"},
-                                       {"direct", "1"}},
+                                       {"direct", "1"}, {"curve", "0"}},
                                       "bench_offload");
   const nn::GPTConfig cfg = bench::gpt_config(a, std::stod(a["dropout"]));
   const std::int64_t B = std::stoll(a["batch"]), T = cfg.block_size;
@@ -137,24 +157,68 @@ int main(int argc, char** argv) {
   base.prefetch = std::stoull(a["prefetch"]);
   base.direct_io = a["direct"] != "0";
 
-  const std::vector<Setting> settings = {{"blocks, in RAM", "blocks", false, false},
-                                         {"blocks, boundaries offloaded", "blocks", true, true},
-                                         {"none, in RAM", "none", false, false},
-                                         {"none, offloaded >= min", "none", true, false}};
-  std::vector<std::unique_ptr<nn::GPT>> models;
-  for (const Setting& s : settings) {
-    Generator init(1);
-    models.push_back(std::make_unique<nn::GPT>(cfg, init));
-    if (std::string(s.policy) != "none") apply_checkpointing(*models.back(), policy::parse(s.policy));
+  const bool curve = a["curve"] != "0";
+  std::vector<Setting> settings;
+  if (!curve) {
+    settings = {{"blocks, in RAM", "blocks"},
+                {"blocks, boundaries offloaded", "blocks", true, true},
+                {"none, in RAM", "none"},
+                {"none, offloaded >= min", "none", true, false, base.min_bytes}};
+  } else {
+    for (const char* p : {"none", "blocks", "selective", "uniform:2", "sqrt", "binomial:4"}) settings.push_back({p, p});
+    for (double f : {0.6, 0.4, 0.25, 0.15}) settings.push_back({fmt::format("budget {}", f), "none", false, false, 0, f});
+    for (std::size_t m : {std::size_t{4} << 20, std::size_t{1} << 20, std::size_t{256} << 10})
+      settings.push_back({fmt::format("offload >= {} KiB", m >> 10), "none", true, false, m});
+    settings.push_back({"blocks, boundaries offloaded", "blocks", true, true});
+    // The offload takes the largest tensors (4 MiB: the MLP's hidden activations, the attention's
+    // probabilities), the budget keeps the rest and discards among them: with --min's 1 MiB the
+    // offload would take nearly everything and leave the budget nothing to decide.
+    for (double f : {0.3, 0.2, 0.1})
+      settings.push_back({fmt::format("budget {} + offload >= 4096 KiB", f), "none", true, false, std::size_t{4} << 20, f});
   }
+  Generator init(1);
+  nn::GPT model(cfg, init);
   const auto [w0, r0] = disk_bandwidth(a["dir"], std::size_t{512} << 20);
+  // The budgets are fractions of no checkpointing's activation peak, measured first.
+  const std::size_t free_activations = step(model, {"none", "none"}, base, 0, idx, targets).activation_peak;
   std::vector<std::vector<Sample>> samples(settings.size());
   for (int r = 0; r < rounds + 1; ++r)  // round 0 warms up
     for (std::size_t i = 0; i < settings.size(); ++i) {
-      Sample s = step(*models[i], settings[i], base, idx, targets);
+      const auto bytes = static_cast<std::size_t>(settings[i].budget_fraction * static_cast<double>(free_activations));
+      Sample s = step(model, settings[i], base, bytes, idx, targets);
       if (r > 0) samples[i].push_back(std::move(s));
     }
   const auto [w1, r1] = disk_bandwidth(a["dir"], std::size_t{512} << 20);
+  if (curve) {
+    fmt::print("{{\"disk_write_gbs\": [{:.3f}, {:.3f}], \"disk_read_gbs\": [{:.3f}, {:.3f}], \"free_activations\": {}}}\n",
+               w0, w1, r0, r1, free_activations);
+    for (std::size_t i = 0; i < settings.size(); ++i) {
+      std::vector<double> ms;
+      std::size_t peak = 0, activation_peak = 0, store_peak = 0, written = 0, late = 0, reads = 0;
+      bool infeasible = false, bitwise = true;
+      for (const Sample& s : samples[i]) {
+        ms.push_back(s.ms);
+        peak = std::max(peak, s.peak);
+        activation_peak = std::max(activation_peak, s.activation_peak);
+        store_peak = std::max(store_peak, s.store_peak);
+        written = std::max(written, s.written);
+        late += s.late;
+        reads += s.reads;
+        infeasible = infeasible || s.infeasible;
+        bitwise = bitwise && s.grads == samples[0].front().grads;  // settings[0] is none in RAM
+      }
+      const Setting& st = settings[i];
+      const char* kind = st.budget_fraction > 0 ? (st.offload ? "budget+offload" : "budget")
+                                                : (st.offload ? "offload" : "hand");
+      fmt::print("{{\"setting\": \"{}\", \"kind\": \"{}\", \"budget\": {}, \"ms\": [{:.3f}], \"peak\": {}, "
+                 "\"activation_peak\": {}, \"store_peak\": {}, \"written\": {}, \"late\": {}, \"reads\": {}, "
+                 "\"infeasible\": {}, \"bitwise\": {}}}\n",
+                 st.name, kind,
+                 static_cast<std::size_t>(st.budget_fraction * static_cast<double>(free_activations)),
+                 fmt::join(ms, ", "), peak, activation_peak, store_peak, written, late, reads, infeasible, bitwise);
+    }
+    return 0;
+  }
 
   fmt::print("GPT L {} d {} T {} B {}, dropout {}; {} rounds, settings alternating; offload to {} (min {} B, "
              "prefetch {})\n", cfg.n_layer, cfg.n_embd, T, B, cfg.dropout, rounds, a["dir"], base.min_bytes,
