@@ -17,8 +17,9 @@
 // --curve 1: the trade curve instead (benchmarks/offload_curve.py plots it): one JSON line per
 // setting — hand-placed policies in RAM, MemoryBudget alone at fractions of no checkpointing's
 // activation peak, offload alone (everything of at least 4 MiB, 1 MiB, 256 KiB; blocks' boundaries),
-// and a budget with an Offload inside it (the offload takes what is ≥ 4 MiB, the budget keeps and
-// may discard the rest) — each with its step time and the RAM the step adds at its peak.
+// a budget with an Offload inside it (the offload takes what is ≥ 4 MiB, the budget keeps and may
+// discard the rest), and a budget that writes what it would discard to disk where that is quicker
+// than recomputing it (BudgetOffload) — each with its step time and the RAM the step adds at its peak.
 
 #include <algorithm>
 #include <chrono>
@@ -71,11 +72,13 @@ struct Setting {
   bool boundaries_only = false;  // offload only what checkpoint() saves
   std::size_t min_bytes = 0;     // offload what is at least this (when not boundaries_only)
   double budget_fraction = 0;    // > 0: a MemoryBudget of this fraction of none's activation peak
+  bool budget_disk = false;      // the budget may write outputs to disk (BudgetOffload) where quicker
 };
 struct Sample {
   double ms;
   std::size_t held, peak, store_peak, books_peak, written, late, reads, called_off;
   std::size_t activation_peak;  // the saved-activation books' peak (what a budget caps)
+  std::size_t discards, to_disk;  // a budget's: discards, and of them those written to disk
   double forward_ms, wait_ms, write_ms, read_ms;
   bool infeasible;  // the budget could not hold the step
   std::vector<std::vector<float>> grads;
@@ -92,7 +95,8 @@ Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, std::siz
   const auto t = Clock::now();
   {
     std::optional<MemoryBudget> budget;  // outside the offload: stores nest, the inner one asked first
-    if (s.budget_fraction > 0) budget.emplace(budget_bytes);
+    if (s.budget_fraction > 0 && s.budget_disk) budget.emplace(budget_bytes, BudgetOffload{base.directory});
+    else if (s.budget_fraction > 0) budget.emplace(budget_bytes);
     std::optional<Offload> offload;
     if (s.offload) {
       OffloadOptions o = base;
@@ -111,6 +115,11 @@ Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, std::siz
     } catch (const Error&) {
       if (!budget || budget->least_feasible_bytes() == 0) throw;
       out.infeasible = true;  // the gradients are complete; the step went over the cap
+    }
+    if (budget) {
+      out.discards = budget->last_log().discards;
+      out.to_disk = budget->last_log().to_disk;
+      out.written = budget->last_log().disk_bytes;
     }
     if (offload) {
       const OffloadStats st = offload->stats();
@@ -166,7 +175,7 @@ int main(int argc, char** argv) {
                 {"none, offloaded >= min", "none", true, false, base.min_bytes}};
   } else {
     for (const char* p : {"none", "blocks", "selective", "uniform:2", "sqrt", "binomial:4"}) settings.push_back({p, p});
-    for (double f : {0.6, 0.4, 0.25, 0.15}) settings.push_back({fmt::format("budget {}", f), "none", false, false, 0, f});
+    for (double f : {0.6, 0.4, 0.25, 0.15, 0.08}) settings.push_back({fmt::format("budget {}", f), "none", false, false, 0, f});
     for (std::size_t m : {std::size_t{4} << 20, std::size_t{1} << 20, std::size_t{256} << 10})
       settings.push_back({fmt::format("offload >= {} KiB", m >> 10), "none", true, false, m});
     settings.push_back({"blocks, boundaries offloaded", "blocks", true, true});
@@ -175,6 +184,8 @@ int main(int argc, char** argv) {
     // offload would take nearly everything and leave the budget nothing to decide.
     for (double f : {0.3, 0.2, 0.1})
       settings.push_back({fmt::format("budget {} + offload >= 4096 KiB", f), "none", true, false, std::size_t{4} << 20, f});
+    for (double f : {0.25, 0.15, 0.08})
+      settings.push_back({fmt::format("budget {}, disk or recompute", f), "none", false, false, 0, f, true});
   }
   Generator init(1);
   nn::GPT model(cfg, init);
@@ -194,7 +205,8 @@ int main(int argc, char** argv) {
                w0, w1, r0, r1, free_activations);
     for (std::size_t i = 0; i < settings.size(); ++i) {
       std::vector<double> ms;
-      std::size_t peak = 0, activation_peak = 0, store_peak = 0, written = 0, late = 0, reads = 0;
+      std::size_t peak = 0, activation_peak = 0, store_peak = 0, written = 0, late = 0, reads = 0, discards = 0,
+                  to_disk = 0;
       bool infeasible = false, bitwise = true;
       for (const Sample& s : samples[i]) {
         ms.push_back(s.ms);
@@ -202,20 +214,24 @@ int main(int argc, char** argv) {
         activation_peak = std::max(activation_peak, s.activation_peak);
         store_peak = std::max(store_peak, s.store_peak);
         written = std::max(written, s.written);
+        discards = std::max(discards, s.discards);
+        to_disk = std::max(to_disk, s.to_disk);
         late += s.late;
         reads += s.reads;
         infeasible = infeasible || s.infeasible;
         bitwise = bitwise && s.grads == samples[0].front().grads;  // settings[0] is none in RAM
       }
       const Setting& st = settings[i];
-      const char* kind = st.budget_fraction > 0 ? (st.offload ? "budget+offload" : "budget")
-                                                : (st.offload ? "offload" : "hand");
+      const char* kind = st.budget_fraction > 0
+                             ? (st.budget_disk ? "budget+disk" : st.offload ? "budget+offload" : "budget")
+                             : (st.offload ? "offload" : "hand");
       fmt::print("{{\"setting\": \"{}\", \"kind\": \"{}\", \"budget\": {}, \"ms\": [{:.3f}], \"peak\": {}, "
                  "\"activation_peak\": {}, \"store_peak\": {}, \"written\": {}, \"late\": {}, \"reads\": {}, "
-                 "\"infeasible\": {}, \"bitwise\": {}}}\n",
+                 "\"discards\": {}, \"to_disk\": {}, \"infeasible\": {}, \"bitwise\": {}}}\n",
                  st.name, kind,
                  static_cast<std::size_t>(st.budget_fraction * static_cast<double>(free_activations)),
-                 fmt::join(ms, ", "), peak, activation_peak, store_peak, written, late, reads, infeasible, bitwise);
+                 fmt::join(ms, ", "), peak, activation_peak, store_peak, written, late, reads, discards, to_disk,
+                 infeasible, bitwise);
     }
     return 0;
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Step time against the RAM a step adds at its peak, for the small GPT: hand-placed checkpointing,
-MemoryBudget alone, offload to disk alone, and a budget with an offload inside it — one plot.
+MemoryBudget alone, offload to disk alone, a budget with an offload inside it, and a budget that
+chooses disk or recomputation per tensor by their costs (BudgetOffload) — one plot.
 Runs bench_offload --curve 1 (settings alternate within each round, medians over rounds), writes
 the rows as CSV, the plot as SVG, and prints a table.
 usage: offload_curve.py --bin BUILD/benchmarks --out DIR [--rounds 5] [--dir /var/tmp] [--svg PATH]"""
@@ -15,7 +16,8 @@ import sys
 from run import pyplot, save_svg
 
 KINDS = [("hand", "hand-placed (in RAM)", "o", "tab:red"), ("budget", "MemoryBudget", "s-", "tab:blue"),
-         ("offload", "offload alone", "^", "tab:green"), ("budget+offload", "budget + offload ≥ 4 MiB", "D-", "tab:purple")]
+         ("offload", "offload alone", "^", "tab:green"), ("budget+offload", "budget + offload ≥ 4 MiB", "D-", "tab:purple"),
+         ("budget+disk", "budget, disk or recompute by cost", "v-", "tab:orange")]
 
 
 def plot(rows, disk, path):
@@ -28,6 +30,7 @@ def plot(rows, disk, path):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=label)
         for x, y, name in pts:
             short = name.replace("budget ", "b ").replace(" + offload >= 4096 KiB", "").replace("offload >= ", "≥ ")
+            short = short.replace(", disk or recompute", "")
             short = short.replace(", boundaries offloaded", " boundaries")
             ax.annotate(short, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7, color=color)
     ax.set(xlim=(0, None), ylim=(0, None), xlabel="RAM the step adds at its peak (MB)", ylabel="ms per step (median)",
@@ -58,7 +61,7 @@ def main():
     for r in rows:
         r["median_ms"] = statistics.median(r["ms"])
     keys = ["setting", "kind", "budget", "median_ms", "peak", "activation_peak", "store_peak", "written", "late", "reads",
-            "infeasible", "bitwise", "ms"]
+            "discards", "to_disk", "infeasible", "bitwise", "ms"]
     with open(os.path.join(a.out, "offload_curve.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
@@ -67,14 +70,14 @@ def main():
     none = next(r for r in rows if r["setting"] == "none")
     print(f"disk: write {disk['disk_write_gbs']} GB/s, read {disk['disk_read_gbs']} GB/s (before, after)")
     print("| setting | step ms, median (range) | × none | RAM peak MB | activation books peak MB | store peak MB | "
-          "written MB | late / reads | bitwise |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "written MB | late / reads | to disk / discards | bitwise |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         over = " (over the cap)" if r["infeasible"] else ""
         print(f"| {r['setting']}{over} | {r['median_ms']:.1f} ({min(r['ms']):.1f}–{max(r['ms']):.1f}) | "
               f"{r['median_ms'] / none['median_ms']:.2f} | {r['peak'] / 1e6:.1f} | {r['activation_peak'] / 1e6:.1f} | "
               f"{r['store_peak'] / 1e6:.1f} | {r['written'] / 1e6:.1f} | {r['late']} / {r['reads']} | "
-              f"{'yes' if r['bitwise'] else 'NO'} |")
+              f"{r['to_disk']} / {r['discards']} | {'yes' if r['bitwise'] else 'NO'} |")
 
 
 if __name__ == "__main__":

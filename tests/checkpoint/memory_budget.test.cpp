@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include <cstdio>
 #include <optional>
 
 #include <remat/checkpoint/runtime_budget.hpp>
@@ -494,4 +495,86 @@ TEST_CASE("memory budget: a budget living across steps replays the last step's p
   CHECK_FALSE(logs[4].plan_abandoned);
   CHECK(logs[4].decisions == 0);
   CHECK(grads[4] == grads[3]);
+}
+
+namespace {
+
+/// A GPT step under a budget of `budget` bytes that may write outputs to files (`between` runs
+/// after the forward): the budget's log, the peak, and the gradients.
+StepResult offload_step(nn::GPT& gpt, const std::function<Tensor()>& loss_fn, std::size_t budget,
+                        const BudgetOffload& offload, const std::function<void()>& between = {}) {
+  test::FreshTape fresh;
+  gpt.zero_grad();
+  manual_seed(77);
+  StepResult r;
+  MemoryScope scope;
+  {
+    MemoryBudget guard(budget, offload);
+    Tensor loss = loss_fn();
+    if (between) between();
+    loss.backward();
+    r.log = guard.last_log();
+  }
+  r.peak_saved = scope.peak_saved_activation_bytes();
+  r.grads = test::gradients(gpt);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("memory budget with BudgetOffload: disk or recompute by their costs, bitwise gradients, files gone",
+          "[budget][offload]") {
+  Generator init(4);
+  nn::GPT gpt(test::small_gpt(3, 0.1), init);
+  const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
+  auto loss_fn = [&] { return gpt.loss(idx, targets); };
+  const StepResult free_run = step(gpt, loss_fn, std::nullopt);
+  const StepResult recomputing = step(gpt, loss_fn, free_run.peak_saved / 2);
+  REQUIRE(recomputing.log.discards > 0);
+  test::TempDir dir;
+
+  // Recomputing taken to be far slower than the disk (a second a flop: no recomputation is ever
+  // timed to correct it): every discard goes through the disk, each read back once backward needs it.
+  BudgetOffload quick{dir.path, 1e9, 1.0};
+  const StepResult disk = offload_step(gpt, loss_fn, free_run.peak_saved / 2, quick);
+  CHECK(disk.grads == free_run.grads);
+  CHECK(disk.log.discards > 0);
+  CHECK(disk.log.to_disk == disk.log.discards);
+  CHECK(disk.log.read_back == disk.log.to_disk);
+  CHECK(disk.log.disk_bytes > 0);
+  CHECK(disk.peak_saved <= free_run.peak_saved / 2);
+  CHECK(disk.log.str().find("to disk") != std::string::npos);
+  CHECK(disk.log.str().find("read back") != std::string::npos);
+  CHECK(dir.files().empty());  // the budget's directory went with it
+
+  // A disk taken to be far slower (a byte a second: no write is ever timed to correct it): every
+  // discard is recomputed, as without BudgetOffload.
+  const StepResult slow = offload_step(gpt, loss_fn, free_run.peak_saved / 2, BudgetOffload{dir.path, 1.0});
+  CHECK(slow.grads == free_run.grads);
+  CHECK(slow.log.to_disk == 0);
+  CHECK(slow.log.discards == recomputing.log.discards);
+  CHECK(slow.log.recomputes == recomputing.log.recomputes);
+  CHECK(dir.files().empty());
+
+  // A file altered between the forward and the backward that reads it: an error naming it.
+  std::string altered;
+  auto alter_one = [&] {
+    const std::vector<std::string> subdirs = dir.files();
+    REQUIRE(subdirs.size() == 1);
+    DIR* d = ::opendir(subdirs[0].c_str());
+    REQUIRE(d != nullptr);
+    while (const dirent* e = ::readdir(d))
+      if (std::string(e->d_name).size() > 4 && altered.empty()) altered = subdirs[0] + "/" + e->d_name;
+    ::closedir(d);
+    REQUIRE_FALSE(altered.empty());
+    std::FILE* f = std::fopen(altered.c_str(), "r+b");
+    REQUIRE(f != nullptr);
+    const int c = std::fgetc(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+  };
+  REQUIRE_ERROR(offload_step(gpt, loss_fn, free_run.peak_saved / 2, quick, alter_one), "MemoryBudget", "altered");
+  CHECK(altered.find("remat-budget-") != std::string::npos);
+  CHECK(dir.files().empty());
 }

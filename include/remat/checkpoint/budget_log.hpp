@@ -25,14 +25,18 @@ struct BudgetEvent {
   std::string op;          ///< its name
   std::size_t bytes = 0;   ///< discarded or recomputed bytes; for overflow, the bytes the moment needed
   double flops = 0;        ///< recompute cost: estimated (discard) or spent (recompute)
+  /// Through the disk (a budget with BudgetOffload): a discard written to a file first, which the
+  /// matching recompute reads back instead of computing; flops is then what computing would cost.
+  bool disk = false;
 
   /// One line naming the kind, the op and output, bytes and flops.
   std::string str() const {
     switch (kind) {
       case Kind::discard:
-        return fmt::format("discard   #{}.{} {:<22} {:>12} B   rebuild {:.3g} flop  (request {})", op_index, output, op,
-                           bytes, flops, moment);
+        return fmt::format("{} #{}.{} {:<22} {:>12} B   rebuild {:.3g} flop  (request {})", disk ? "to disk  " : "discard  ",
+                           op_index, output, op, bytes, flops, moment);
       case Kind::recompute:
+        if (disk) return fmt::format("read back #{}.{} {:<22} {:>12} B", op_index, output, op, bytes);
         return fmt::format("recompute #{}.{} {:<22} {:>12} B   {:.3g} flop", op_index, output, op, bytes, flops);
       case Kind::overflow:
         return fmt::format("overflow  request {}: {} B saved needed with nothing left to discard", moment, bytes);
@@ -57,6 +61,12 @@ struct BudgetLog {
   std::size_t releases = 0;
   /// What the recomputes cost, in flops.
   double recomputed_flops = 0;
+  ///@{
+  /// Of the discards, those written to disk, and of the recomputes, those read back (BudgetOffload);
+  /// the bytes written, and the seconds writing and reading took.
+  std::size_t to_disk = 0, read_back = 0, disk_bytes = 0;
+  double write_seconds = 0, read_seconds = 0;
+  ///@}
   /// Searches for what to discard (the run-time heuristic). A step replaying a plan makes none.
   std::size_t decisions = 0;
   /// The wall time those searches took, in seconds.
@@ -77,6 +87,9 @@ struct BudgetLog {
     std::string out = fmt::format("memory budget {} B: peak saved {} B, {} discards, {} recomputes ({:.3g} flop), "
                                   "{} releases, {} decisions\n", budget, peak_saved_bytes, discards, recomputes,
                                   recomputed_flops, releases, decisions);
+    if (to_disk || read_back)
+      out += fmt::format("  of which {} written to disk ({} B, {:.3g} s) and {} read back ({:.3g} s)\n", to_disk,
+                         disk_bytes, write_seconds, read_back, read_seconds);
     for (const BudgetEvent& e : events) out += "  " + e.str() + "\n";
     return out;
   }

@@ -5,10 +5,14 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <string_view>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "remat/core/error.hpp"
@@ -41,6 +45,25 @@ inline bool write_fully(int fd, const void* data, std::size_t size) {
     done += static_cast<std::size_t>(n);
   }
   return true;
+}
+
+/// Removes the directories under `root` named `<prefix><pid>-<n>` whose process has died (a store
+/// that writes files makes one per scope so named, and removes it itself unless the process dies
+/// first); returns how many.
+inline std::size_t remove_dead_process_directories(const std::string& root, std::string_view prefix) {
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0 || !entry.is_directory(ec)) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+    if (pid <= 0 || end == nullptr || *end != '-' || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<::pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::filesystem::remove_all(entry.path(), ec);
+    if (!ec) ++removed;
+  }
+  return removed;
 }
 
 /// Closes a file descriptor when it goes out of scope.

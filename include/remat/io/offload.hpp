@@ -149,7 +149,7 @@ class OffloadCore {
     fs::create_directories(options_.directory, ec);
     REMAT_CHECK(!ec && fs::is_directory(options_.directory), "Offload: cannot make the directory '{}': {}",
                 options_.directory, ec ? ec.message() : std::string("not a directory"));
-    stats_.stale_removed = remove_stale(options_.directory);
+    stats_.stale_removed = remove_dead_process_directories(options_.directory, "remat-offload-");
     static std::atomic<std::uint64_t> scopes{0};
     dir_ = (fs::absolute(options_.directory) /
             fmt::format("remat-offload-{}-{}", ::getpid(), scopes.fetch_add(1, std::memory_order_relaxed)))
@@ -601,24 +601,6 @@ class OffloadCore {
       return e.what();
     }
     return {};
-  }
-
-  /// Removes the directories of dead processes under `root`; how many.
-  static std::size_t remove_stale(const std::string& root) {
-    std::size_t removed = 0;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
-      const std::string name = entry.path().filename().string();
-      constexpr std::string_view prefix = "remat-offload-";
-      if (name.compare(0, prefix.size(), prefix) != 0 || !entry.is_directory(ec)) continue;
-      char* end = nullptr;
-      const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
-      if (pid <= 0 || end == nullptr || *end != '-' || pid == static_cast<long>(::getpid())) continue;
-      if (::kill(static_cast<::pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-      std::filesystem::remove_all(entry.path(), ec);
-      if (!ec) ++removed;
-    }
-    return removed;
   }
 
   OffloadOptions options_;
