@@ -109,3 +109,19 @@ TEST_CASE("grad: bad calls are errors naming the tensor and what was expected", 
   grad(y, {x});  // frees the graph
   REQUIRE_ERROR(grad(y, {x}), "grad", "freed", "retain_graph");
 }
+
+TEST_CASE("grad: what reaches a computed input whose node does not run is not sent on by a later backward",
+          "[checkpoint][grad]") {
+  test::FreshTape fresh;
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  Tensor h = x * 3.0f;  // h's node on the root tape
+  Tape inner;
+  {
+    TapeGuard use(inner);
+    Tensor y = sum(h * h);  // y's on the inner tape: the walk runs that tape alone
+    const std::vector<Tensor> g = grad(y, {h});
+    CHECK(flat_values(g[0]) == std::vector<float>{6.f, 12.f});
+  }
+  sum(h).backward();
+  CHECK(flat_values(x.grad()) == std::vector<float>{3.f, 3.f});
+}

@@ -116,6 +116,7 @@ class BudgetCore {
   BudgetCore(std::size_t bytes, std::thread::id owner) : budget_(bytes), limit_(bytes), owner_(owner) { begin_step(); }
   BudgetCore(std::size_t bytes, std::thread::id owner, BudgetOffload offload) : BudgetCore(bytes, owner) {
     static std::atomic<std::uint64_t> budgets{0};
+    REMAT_CHECK(!offload.directory.empty(), "MemoryBudget: BudgetOffload needs a directory for its files");
     disk_.emplace();
     disk_->options = std::move(offload);
     remove_dead_process_directories(disk_->options.directory, "remat-budget-");
@@ -408,11 +409,7 @@ class BudgetCore {
     pending_.erase(serial);
     keep_.erase(serial);
     if (auto it = entries_.find(serial); it != entries_.end()) unindex(*it);
-    if (disk_)
-      if (auto f = disk_->files.find(serial); f != disk_->files.end()) {
-        std::remove(f->second.path.c_str());
-        disk_->files.erase(f);
-      }
+    drop_file(serial);
     auto node = entries_.extract(serial);  // the recipe (and what it holds) may go when `node` does
   }
 
@@ -669,6 +666,7 @@ class BudgetCore {
           if (it == entries_.end() || it->second.recipe != recipe) continue;
           unindex(*it);
           entries_.erase(it);
+          drop_file(o->serial());
           if (!o->resident()) cut(*o);
         }
   }
@@ -744,6 +742,15 @@ class BudgetCore {
     log_.write_seconds += seconds;
     d.files[s.serial()] = {path, s.bytes(), fnv1a(s.raw_data(), s.bytes())};
     return true;
+  }
+
+  /// The file of serial's output, if it has one, removed: the output is back, or gone for good.
+  void drop_file(std::uint64_t serial) {
+    if (!disk_) return;
+    if (auto f = disk_->files.find(serial); f != disk_->files.end()) {
+      std::remove(f->second.path.c_str());
+      disk_->files.erase(f);
+    }
   }
 
   /// Reads a written output back into `s`, checked against what was written: a missing, short or
@@ -840,6 +847,7 @@ class BudgetCore {
       if (!o) continue;
       if (o->saved_refs() > 0) make_room(o->bytes(), o);
       o->adopt(*fresh[i].storage);
+      drop_file(o->serial());  // a sibling written out comes back with this recomputation
       if (auto h = hashes_.find(o->serial()); h != hashes_.end()) {
         const bool same = fnv1a(o->raw_data(), o->bytes()) == h->second;
         hashes_.erase(h);
@@ -884,6 +892,7 @@ class BudgetCore {
     for (auto it = entries_.begin(); it != entries_.end();) {
       if (it->second.recipe->outputs[it->second.output].expired()) {
         unindex(*it);
+        drop_file(it->first);
         it = entries_.erase(it);
       } else {
         ++it;
@@ -913,6 +922,7 @@ class BudgetCore {
           if (it == entries_.end() || it->second.recipe != r) continue;
           unindex(*it);
           entries_.erase(it);
+          drop_file(s->serial());
         }
     drop.clear();
     all.clear();  // what only the dropped recipes held goes now
@@ -1056,10 +1066,12 @@ class MemoryBudget final {
         observer_(core_),
         store_(store_of(core_)) {}
   /// A limit of `bytes` that may also write outputs to files under `offload.directory` instead of
-  /// discarding them, where the disk is quicker than recomputing (BudgetOffload).
+  /// discarding them, where the disk is quicker than recomputing (BudgetOffload). Its writes are
+  /// synchronous; the choice counts them.
   MemoryBudget(std::size_t bytes, BudgetOffload offload)
-      : core_(std::make_shared<detail::BudgetCore>(bytes, std::this_thread::get_id(), std::move(offload))),
-        slot_((check_alone(), this)),
+      : core_((check_alone(),  // before its directory is made
+               std::make_shared<detail::BudgetCore>(bytes, std::this_thread::get_id(), std::move(offload)))),
+        slot_(this),
         observer_(core_),
         store_(store_of(core_)) {}
   /// A budget that replays `plan` (from an earlier step's log) instead of searching.

@@ -27,7 +27,9 @@ struct GradOptions {
 /// The gradients of `outputs` (weighted by `grad_outputs`, each of its output's shape; may be
 /// empty when every output holds one element) with respect to `inputs`: one tensor per input, in
 /// order. Inputs may be leaves or tensors computed on the way. No .grad is written anywhere, and
-/// observers do not hear leaf gradients (a DataParallel does not reduce them).
+/// observers do not hear leaf gradients (a DataParallel does not reduce them). A walk that throws
+/// returns nothing, as a MemoryBudget's over-the-cap error at the end of a complete walk does too
+/// (backward() leaves .grad complete then; grad() has nowhere to leave its results).
 template <class T>
 std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, const std::vector<BasicTensor<T>>& inputs,
                                  const std::vector<BasicTensor<T>>& grad_outputs = {}, const GradOptions& options = {}) {

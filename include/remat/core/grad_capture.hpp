@@ -42,7 +42,12 @@ class GradCapture {
     if (!kept_.insert(&m).second) return;
     std::weak_ptr<AutogradMeta<T>> weak = m.weak_from_this();
     restores_.push_back([weak, before = std::move(m.retained)] {
-      if (auto alive = weak.lock()) alive->retained = before;
+      if (auto alive = weak.lock()) {
+        alive->retained = before;
+        // What reached it but not its node (recorded on a tape the walk did not run, or a walk
+        // that threw) is not sent on by a later backward.
+        alive->grad = BasicTensor<T>();
+      }
     });
     m.retained = BasicTensor<T>();
   }
