@@ -56,10 +56,12 @@ struct StepResult {
   BudgetLog log;
 };
 
-/// One training step (fixed dropout seed) under `budget` (none when absent, or replaying `plan`).
+/// One training step (fixed dropout seed) under `budget` (none when absent, or replaying `plan`;
+/// writing to disk where quicker with `offload`); `between` runs between forward and backward.
 template <class Model>
 StepResult step(Model& model, const std::function<Tensor()>& loss_fn, std::optional<std::size_t> budget,
-                const std::optional<DiscardPlan>& plan = std::nullopt) {
+                const std::optional<DiscardPlan>& plan = std::nullopt,
+                const std::optional<BudgetOffload>& offload = std::nullopt, const std::function<void()>& between = {}) {
   test::FreshTape fresh;
   model.zero_grad();
   manual_seed(77);
@@ -68,8 +70,10 @@ StepResult step(Model& model, const std::function<Tensor()>& loss_fn, std::optio
   {
     std::optional<MemoryBudget> guard;
     if (plan) guard.emplace(*plan);
+    else if (budget && offload) guard.emplace(*budget, *offload);
     else if (budget) guard.emplace(*budget);
     Tensor loss = loss_fn();
+    if (between) between();
     loss.backward();
     if (guard) r.log = guard->last_log();
   }
@@ -497,30 +501,6 @@ TEST_CASE("memory budget: a budget living across steps replays the last step's p
   CHECK(grads[4] == grads[3]);
 }
 
-namespace {
-
-/// A GPT step under a budget of `budget` bytes that may write outputs to files (`between` runs
-/// after the forward): the budget's log, the peak, and the gradients.
-StepResult offload_step(nn::GPT& gpt, const std::function<Tensor()>& loss_fn, std::size_t budget,
-                        const BudgetOffload& offload, const std::function<void()>& between = {}) {
-  test::FreshTape fresh;
-  gpt.zero_grad();
-  manual_seed(77);
-  StepResult r;
-  MemoryScope scope;
-  {
-    MemoryBudget guard(budget, offload);
-    Tensor loss = loss_fn();
-    if (between) between();
-    loss.backward();
-    r.log = guard.last_log();
-  }
-  r.peak_saved = scope.peak_saved_activation_bytes();
-  r.grads = test::gradients(gpt);
-  return r;
-}
-
-}  // namespace
 
 TEST_CASE("memory budget with BudgetOffload: disk or recompute by their costs, bitwise gradients, files gone",
           "[budget][offload]") {
@@ -536,7 +516,7 @@ TEST_CASE("memory budget with BudgetOffload: disk or recompute by their costs, b
   // Recomputing taken to be far slower than the disk (a second a flop: no recomputation is ever
   // timed to correct it): every discard goes through the disk, each read back once backward needs it.
   BudgetOffload quick{dir.path, 1e9, 1.0};
-  const StepResult disk = offload_step(gpt, loss_fn, free_run.peak_saved / 2, quick);
+  const StepResult disk = step(gpt, loss_fn, free_run.peak_saved / 2, std::nullopt, quick);
   CHECK(disk.grads == free_run.grads);
   CHECK(disk.log.discards > 0);
   CHECK(disk.log.to_disk == disk.log.discards);
@@ -549,7 +529,7 @@ TEST_CASE("memory budget with BudgetOffload: disk or recompute by their costs, b
 
   // A disk taken to be far slower (a byte a second: no write is ever timed to correct it): every
   // discard is recomputed, as without BudgetOffload.
-  const StepResult slow = offload_step(gpt, loss_fn, free_run.peak_saved / 2, BudgetOffload{dir.path, 1.0});
+  const StepResult slow = step(gpt, loss_fn, free_run.peak_saved / 2, std::nullopt, BudgetOffload{dir.path, 1.0});
   CHECK(slow.grads == free_run.grads);
   CHECK(slow.log.to_disk == 0);
   CHECK(slow.log.discards == recomputing.log.discards);
@@ -574,7 +554,7 @@ TEST_CASE("memory budget with BudgetOffload: disk or recompute by their costs, b
     std::fputc(c ^ 0x40, f);
     std::fclose(f);
   };
-  REQUIRE_ERROR(offload_step(gpt, loss_fn, free_run.peak_saved / 2, quick, alter_one), "MemoryBudget", "altered");
+  REQUIRE_ERROR(step(gpt, loss_fn, free_run.peak_saved / 2, std::nullopt, quick, alter_one), "MemoryBudget", "altered");
   CHECK(altered.find("remat-budget-") != std::string::npos);
   CHECK(dir.files().empty());
 }

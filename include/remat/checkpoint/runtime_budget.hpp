@@ -38,11 +38,9 @@
 
 #include <algorithm>
 #include <any>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <cstdint>
 #include <limits>
@@ -58,17 +56,13 @@
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
+#include "remat/checkpoint/budget_disk.hpp"
 #include "remat/checkpoint/budget_log.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
 #include "remat/core/autograd.hpp"
-#include "remat/core/file_io.hpp"
 #include "remat/core/hash.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/observer.hpp"
@@ -77,21 +71,6 @@
 #include "remat/core/timeline.hpp"
 
 namespace remat {
-
-/// A MemoryBudget's second way to make room: an output it would discard is written to a file and
-/// read back when backward needs it, where that is quicker than recomputing it.
-struct BudgetOffload {
-  /// Where the files go: a subdirectory per budget (`remat-budget-<pid>-<n>`), removed when it ends
-  /// (those a process that died left are removed when a budget starts).
-  std::string directory;
-  ///@{
-  /// First guesses, each used until the budget has timed its own: the disk's bytes per second
-  /// each way (its writes and reads), and the seconds a flop of recomputing takes (its
-  /// recomputations; an element-wise op's bytes count as flops, as in the discard heuristic).
-  double disk_bytes_per_second = 1e9;
-  double seconds_per_flop = 2.2e-12;
-  ///@}
-};
 
 namespace detail {
 
@@ -115,15 +94,7 @@ class BudgetCore {
  public:
   BudgetCore(std::size_t bytes, std::thread::id owner) : budget_(bytes), limit_(bytes), owner_(owner) { begin_step(); }
   BudgetCore(std::size_t bytes, std::thread::id owner, BudgetOffload offload) : BudgetCore(bytes, owner) {
-    static std::atomic<std::uint64_t> budgets{0};
-    REMAT_CHECK(!offload.directory.empty(), "MemoryBudget: BudgetOffload needs a directory for its files");
-    disk_.emplace();
-    disk_->options = std::move(offload);
-    remove_dead_process_directories(disk_->options.directory, "remat-budget-");
-    disk_->directory = fmt::format("{}/remat-budget-{}-{}", disk_->options.directory, ::getpid(),
-                                   budgets.fetch_add(1, std::memory_order_relaxed));
-    REMAT_CHECK(::mkdir(disk_->directory.c_str(), 0700) == 0 || errno == EEXIST,
-                "MemoryBudget: cannot make the directory '{}' for its files: {}", disk_->directory, std::strerror(errno));
+    disk_.emplace(std::move(offload));
   }
   BudgetCore(const BudgetCore&) = delete;
   BudgetCore& operator=(const BudgetCore&) = delete;
@@ -170,11 +141,7 @@ class BudgetCore {
     pending_.clear();
     keep_.clear();
     hashes_.clear();
-    if (disk_) {
-      for (const auto& [serial, f] : disk_->files) std::remove(f.path.c_str());
-      disk_->files.clear();
-      ::rmdir(disk_->directory.c_str());
-    }
+    disk_.reset();  // its files and directory with it
   }
   bool closed() const { return closing_; }
 
@@ -685,7 +652,7 @@ class BudgetCore {
 
   void discard(Storage& s, std::size_t moment) {
     const Entry& e = entries_.at(s.serial());
-    const bool disk = disk_ && disk_is_quicker(s.bytes(), *e.recipe) && write_out(s);
+    const bool disk = disk_ && write_out(s, *e.recipe);
     log_.events.push_back({BudgetEvent::Kind::discard, moment, e.recipe->index, e.output, e.recipe->op.name(),
                            s.bytes(), flops_to_rebuild(*e.recipe), disk});
     ++log_.discards;
@@ -693,95 +660,22 @@ class BudgetCore {
   }
 
   // --- the disk (BudgetOffload) ------------------------------------------------------------------
-  struct DiskFile {
-    std::string path;
-    std::size_t bytes = 0;
-    std::uint64_t hash = 0;
-  };
-  struct Disk {
-    BudgetOffload options;
-    std::string directory;
-    std::unordered_map<std::uint64_t, DiskFile> files;  // by storage serial
-    // Measured: bytes and seconds of writes and of reads, weight and seconds of recomputations.
-    double written = 0, write_seconds = 0, read = 0, read_seconds = 0, recomputed = 0, recompute_seconds = 0;
-  };
-
-  /// Whether writing `bytes` out and reading them back would take less time than recomputing the
-  /// recipe's outputs (with its discarded inputs), each at the speed measured so far.
-  bool disk_is_quicker(std::size_t bytes, const Recipe& r) const {
-    const Disk& d = *disk_;
-    const double write_speed = d.write_seconds > 0 ? d.written / d.write_seconds : d.options.disk_bytes_per_second;
-    const double read_speed = d.read_seconds > 0 ? d.read / d.read_seconds : d.options.disk_bytes_per_second;
-    const double per_weight = d.recomputed > 0 ? d.recompute_seconds / d.recomputed : d.options.seconds_per_flop;
+  /// Writes a discarded output to the disk where that is quicker than recomputing it (with its
+  /// discarded inputs); false when it is not, or when the disk refuses (a plain discard then).
+  bool write_out(const Storage& s, const Recipe& r) {
     CostMemo memo;
-    const double b = static_cast<double>(bytes);
-    return b / write_speed + b / read_speed < cost(r, memo) * per_weight;
-  }
-
-  /// Writes the output's bytes to a file of its own and syncs it (the page cache let go, so RAM
-  /// holds no copy); false, leaving nothing behind, when the disk refuses (a plain discard then).
-  bool write_out(Storage& s) {
-    Disk& d = *disk_;
-    const auto start = std::chrono::steady_clock::now();
-    const std::string path = fmt::format("{}/{}.bin", d.directory, s.serial());
-    bool ok = false;
-    {
-      FileDescriptor f{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
-      ok = f.fd >= 0 && write_fully(f.fd, s.raw_data(), s.bytes()) && ::fdatasync(f.fd) == 0;
-      if (ok) ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
-    }
-    if (!ok) {
-      std::remove(path.c_str());
-      return false;
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    d.written += static_cast<double>(s.bytes());
-    d.write_seconds += seconds;
-    log_.to_disk += 1;
+    if (!disk_->quicker(s.bytes(), cost(r, memo))) return false;
+    const std::optional<double> seconds = disk_->write(s);
+    if (!seconds) return false;
+    ++log_.to_disk;
     log_.disk_bytes += s.bytes();
-    log_.write_seconds += seconds;
-    d.files[s.serial()] = {path, s.bytes(), fnv1a(s.raw_data(), s.bytes())};
+    log_.write_seconds += *seconds;
     return true;
   }
 
   /// The file of serial's output, if it has one, removed: the output is back, or gone for good.
   void drop_file(std::uint64_t serial) {
-    if (!disk_) return;
-    if (auto f = disk_->files.find(serial); f != disk_->files.end()) {
-      std::remove(f->second.path.c_str());
-      disk_->files.erase(f);
-    }
-  }
-
-  /// Reads a written output back into `s`, checked against what was written: a missing, short or
-  /// altered file is a remat::Error naming it, never a wrong gradient.
-  void read_back(Storage& s, const DiskFile& file) {
-    struct Unlink {
-      const std::string& path;
-      ~Unlink() { std::remove(path.c_str()); }  // read or refused, the file has served
-    } unlink{file.path};
-    Disk& d = *disk_;
-    const auto start = std::chrono::steady_clock::now();
-    Storage fresh(file.bytes);
-    {
-      FileDescriptor f{::open(file.path.c_str(), O_RDONLY | O_CLOEXEC)};
-      REMAT_CHECK(f.fd >= 0, "MemoryBudget: cannot open '{}', where a discarded output of {} B was written: {}",
-                  file.path, file.bytes, std::strerror(errno));
-      const std::size_t got = read_fully(f.fd, fresh.raw_data(), file.bytes, file.path, "MemoryBudget");
-      char extra = 0;
-      REMAT_CHECK(got == file.bytes && read_fully(f.fd, &extra, 1, file.path, "MemoryBudget") == 0,
-                  "MemoryBudget: the file '{}' does not hold the {} B written to it", file.path, file.bytes);
-      ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
-    }
-    REMAT_CHECK(fnv1a(fresh.raw_data(), file.bytes) == file.hash,
-                "MemoryBudget: the file '{}' was altered since it was written (its bytes' hash differs)", file.path);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    d.read += static_cast<double>(file.bytes);
-    d.read_seconds += seconds;
-    log_.read_seconds += seconds;
-    ++log_.read_back;
-    if (s.saved_refs() > 0) make_room(s.bytes(), &s);
-    s.adopt(fresh);
+    if (disk_) disk_->drop(serial);
   }
 
   void rebuild(Storage& s) {
@@ -792,20 +686,22 @@ class BudgetCore {
     REMAT_CHECK(it != entries_.end(), "MemoryBudget: a discarded tensor of {} B can no longer be recomputed (its "
                 "recipe was let go)", s.bytes());
     const std::shared_ptr<Recipe> r = it->second.recipe;
-    if (disk_)
-      if (auto f = disk_->files.find(s.serial()); f != disk_->files.end()) {
-        const DiskFile file = f->second;
-        disk_->files.erase(f);
-        read_back(s, file);
-        hashes_.erase(s.serial());  // the file's own hash checked the bytes
-        touch(*it, ++clock_);
-        if (s.saved_refs() > 0 && !it->second.indexed) index(*it);
-        recost_readers(s);
-        log_.events.push_back({BudgetEvent::Kind::recompute, moment_, r->index, it->second.output, r->op.name(),
-                               s.bytes(), r->flops, true});
-        ++log_.recomputes;
-        return;
-      }
+    if (disk_ && disk_->holds(s.serial())) {
+      Storage fresh(s.bytes());
+      const double seconds = disk_->read(s.serial(), fresh);
+      log_.read_seconds += seconds;
+      ++log_.read_back;
+      if (s.saved_refs() > 0) make_room(s.bytes(), &s);
+      s.adopt(fresh);
+      hashes_.erase(s.serial());  // the file's own hash checked the bytes
+      touch(*it, ++clock_);
+      if (s.saved_refs() > 0 && !it->second.indexed) index(*it);
+      recost_readers(s);
+      log_.events.push_back({BudgetEvent::Kind::recompute, moment_, r->index, it->second.output, r->op.name(),
+                             s.bytes(), r->flops, true});
+      ++log_.recomputes;
+      return;
+    }
     // Inputs first (recursively), each held from its turn until the compute has run, so none is
     // discarded while it reads them (and, as in pin_saved, one still waiting may make room). The
     // dearest to recompute go first, while this frame holds nothing yet: a discarded residual
@@ -836,10 +732,8 @@ class BudgetCore {
       TimelineSpan span(r->op.name(), "rebuild");
       const auto start = std::chrono::steady_clock::now();
       fresh = r->how.compute();
-      if (disk_) {  // recomputing's measured speed, against which the disk's is weighed
-        disk_->recompute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        disk_->recomputed += r->weight;
-      }
+      if (disk_)  // recomputing's measured speed, against which the disk's is weighed
+        disk_->recomputed(r->weight, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     const std::uint64_t now = ++clock_;
     for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -1027,7 +921,7 @@ class BudgetCore {
   std::string first_over_, last_first_over_;
   BudgetLog log_, last_log_;
   std::shared_ptr<ThreadSavedBooks> books_ = thread_saved_books();
-  std::optional<Disk> disk_;  // with a BudgetOffload
+  std::optional<BudgetDisk> disk_;  // with a BudgetOffload
 };
 
 inline BudgetHold::BudgetHold(TensorRef r, std::shared_ptr<BudgetCore> c) : ref(std::move(r)), core(std::move(c)) {
