@@ -3,6 +3,8 @@
 //   alone:          bench_dist_step --threads 2 --batch 16 ...
 //   data parallel:  mpirun -np 2 bench_dist_step --threads 1 --batch 16 ...   (the same global batch)
 //   --mode blocks|none|... --bucket-mb 25 --first-bucket-mb 1 --steps 6 --warmup 2 --model 0|1
+//   ZeRO stages:    mpirun -np 2 bench_dist_step --zero all   (DDP, ZeRO-1 and ZeRO-3 alternating, step times)
+//                   mpirun -np 2 bench_dist_step --zero 3     (one of 0, 1, 3 alone: its memory per rank)
 //
 // Under mpirun, steps alternate between reductions overlapping backward and all reductions after
 // backward; the exposed wait of each (DataParallel::last_exposed_seconds) gives the fraction of
@@ -20,6 +22,9 @@
 
 #include <remat/remat.hpp>
 #include <remat/dist/data_parallel.hpp>
+#include <remat/dist/fully_sharded.hpp>
+#include <remat/dist/fully_sharded_adamw.hpp>
+#include <remat/dist/sharded_adamw.hpp>
 
 #include "flags.hpp"
 
@@ -76,6 +81,101 @@ std::vector<double> buckets_of(double total_bytes, double first, double cap) {
   return out;
 }
 
+/// One way of training the same GPT on every rank: DDP (ZeRO-0), ZeRO-1 or ZeRO-3.
+struct ZeroRun {
+  ZeroRun(int stage, dist::Context& world, const nn::GPTConfig& cfg, const std::string& mode) : stage(stage) {
+    Generator gen(0);
+    model = std::make_unique<nn::GPT>(cfg, gen);
+    apply_checkpointing(*model, policy::parse(mode));
+    const optim::AdamWOptions adamw{1e-4};
+    if (stage == 3) {
+      fsdp.emplace(world, *model);
+      opt = std::make_unique<dist::FullyShardedAdamW>(*fsdp, model->parameters(), adamw);
+    } else {
+      dist::DataParallelOptions options;
+      options.shard_gradients = stage == 1;
+      ddp.emplace(world, *model, options);
+      if (stage == 1) opt = std::make_unique<dist::ShardedAdamW>(*ddp, model->parameters(), adamw);
+      else opt = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+    }
+  }
+  ~ZeroRun() {
+    opt.reset();
+    fsdp.reset();
+    ddp.reset();
+  }
+  ZeroRun(const ZeroRun&) = delete;
+  ZeroRun& operator=(const ZeroRun&) = delete;
+
+  double step(const LongTensor& idx, const LongTensor& targets) {
+    const auto t0 = Clock::now();
+    model->loss(idx, targets).backward();
+    opt->step();
+    opt->zero_grad();
+    return seconds_since(t0);
+  }
+  /// Optimizer state kept outside the memory books (ShardedAdamW's moments).
+  std::size_t unbooked_bytes() const {
+    if (auto* s = dynamic_cast<const dist::ShardedAdamW*>(opt.get())) return s->state_bytes();
+    return 0;
+  }
+
+  int stage;
+  std::unique_ptr<nn::GPT> model;
+  std::optional<dist::DataParallel> ddp;
+  std::optional<dist::FullyShardedDataParallel> fsdp;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+
+/// --zero all: the three stages in one run, steps alternating; --zero S: stage S alone, with its
+/// bytes per rank from the books (between steps, and the peak of a step).
+int compare_zero(dist::Context& world, bench::Flags& a, const nn::GPTConfig& cfg, const LongTensor& idx,
+                 const LongTensor& targets) {
+  const int warmup = std::stoi(a["warmup"]), steps = std::stoi(a["steps"]);
+  const std::vector<int> stages = a["zero"] == "all" ? std::vector<int>{0, 1, 3} : std::vector<int>{std::stoi(a["zero"])};
+  const std::size_t baseline = memory_stats().live_bytes;
+  std::vector<std::unique_ptr<ZeroRun>> runs;
+  for (int stage : stages) runs.push_back(std::make_unique<ZeroRun>(stage, world, cfg, a["mode"]));
+  std::vector<std::vector<double>> times(runs.size());
+  std::size_t between = 0, peak = 0;
+  for (int s = 0; s < warmup + steps; ++s)
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      world.barrier();
+      MemoryScope scope;
+      const double t = runs[r]->step(idx, targets);
+      if (s < warmup) continue;
+      times[r].push_back(t);
+      between = memory_stats().live_bytes - baseline;
+      peak = std::max(peak, scope.peak_bytes() - baseline);
+    }
+  if (world.rank() == 0) {
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      const std::vector<double>& v = times[r];
+      fmt::print("{{\"ranks\": {}, \"zero\": {}, \"mode\": \"{}\", \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}, "
+                 "\"step_ms_max\": {:.2f}", world.world_size(), runs[r]->stage, a["mode"], 1e3 * median(v),
+                 1e3 * *std::min_element(v.begin(), v.end()), 1e3 * *std::max_element(v.begin(), v.end()));
+      if (runs.size() == 1) {
+        const double psi = static_cast<double>(runs[r]->model->num_parameters());
+        fmt::print(", \"parameters\": {:.0f}, \"bytes_between_steps\": {}, \"peak_bytes\": {}, \"unbooked_bytes\": {}",
+                   psi, between, peak, runs[r]->unbooked_bytes());
+        if (runs[r]->fsdp) {
+          std::int64_t root = 0, largest = 0;
+          for (const dist::ShardedUnit& u : runs[r]->fsdp->units()) {
+            if (u.root) root = u.numel;
+            else largest = std::max(largest, u.numel);
+          }
+          fmt::print(", \"root_parameters\": {}, \"largest_unit_parameters\": {}, \"sixteen_psi_over_n\": {:.0f}, "
+                     "\"gathers_per_step\": {:.2f}", root, largest, 16 * psi / world.world_size(),
+                     static_cast<double>(runs[r]->fsdp->gathers()) / (warmup + steps));
+        }
+      }
+      fmt::print("}}\n");
+    }
+  }
+  while (!runs.empty()) runs.pop_back();  // wrappers end in the reverse order of their construction
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,7 +187,7 @@ int main(int argc, char** argv) {
                                         {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                          {"batch", "16"}, {"vocab", "256"}, {"mode", "blocks"}, {"steps", "6"},
                                          {"warmup", "2"}, {"threads", "1"}, {"model", "0"},
-                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}},
+                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}, {"zero", ""}},
                                         "dist_step");
     set_num_threads(std::stoi(a["threads"]));
     const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;
@@ -101,6 +201,10 @@ int main(int argc, char** argv) {
     optim::AdamW adamw(model.parameters(), {1e-4});
     const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
     const LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
+    if (!a["zero"].empty()) {
+      REMAT_CHECK(world.has_value(), "dist_step: --zero compares data-parallel stages: run under mpirun");
+      return compare_zero(*world, a, cfg, idx, targets);
+    }
     std::optional<dist::DataParallel> ddp;
     dist::DataParallelOptions options;
     options.bucket_bytes = static_cast<std::size_t>(std::stod(a["bucket-mb"]) * (1 << 20));

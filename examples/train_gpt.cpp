@@ -26,7 +26,8 @@
 // Data parallel (built with MPI): `mpirun -np 2 train_gpt --policy blocks` splits each step's
 // global batch (--batch) across the ranks, averages the gradients with dist::DataParallel while
 // backward runs, prints from rank 0 and saves one weights file; --zero 1 shards the AdamW state
-// across the ranks (ZeRO stage 1). As root, Open MPI also needs --allow-run-as-root, and more ranks
+// across the ranks (ZeRO stage 1); --zero 3 shards the blocks' parameters, the gradients and the
+// AdamW state (ZeRO stage 3: dist::FullyShardedDataParallel, each block gathered while it runs). As root, Open MPI also needs --allow-run-as-root, and more ranks
 // than cores need --oversubscribe.
 //
 // --policy blocks checkpoints every Transformer block: only block boundaries are kept during
@@ -80,6 +81,8 @@
 #include <remat/remat.hpp>
 #ifdef REMAT_WITH_MPI
 #include <remat/dist/data_parallel.hpp>
+#include <remat/dist/fully_sharded.hpp>
+#include <remat/dist/fully_sharded_adamw.hpp>
 #include <remat/dist/sharded_adamw.hpp>
 #endif
 
@@ -103,7 +106,7 @@ struct Options {
   double legible_floor = 0.90;  ///< with --check: fail below this share of sampled words found in the corpus
   bool check = false;           ///< exit 1 when the run did not learn (the floors above)
   std::int64_t save_every = 0, die_after = 0;
-  std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks
+  std::int64_t zero = 0;  ///< 1: shard the optimizer state across ranks; 3: parameters and gradients too
   std::string state, resume, losses, trace;
   std::string memory;            ///< --memory: the cap remat::fit_in_memory fits the run into
   std::int64_t micro_batch = 0;  ///< rows per forward and backward; 0: the whole batch
@@ -200,6 +203,8 @@ Options parse(int argc, char** argv) {
   take_string("losses", o.losses);
   take_string("trace", o.trace);
   take_int("zero", o.zero);
+  REMAT_CHECK(o.zero == 0 || o.zero == 1 || o.zero == 3, "train_gpt: --zero takes 0, 1 or 3 (the ZeRO stage), got {}",
+              o.zero);
   std::int64_t check = 0, offload_wait = 0;
   take_int("check", check);
   REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
@@ -529,23 +534,27 @@ MemoryComparison set_up_checkpointing(nn::GPT& model, const Checkpointing& check
 }
 
 /// The optimizer, clipping and loss of a step: one process's own, or under mpirun gradients
-/// averaged across the ranks while backward runs and, with --zero 1, the AdamW state sharded.
+/// averaged across the ranks while backward runs and, with --zero 1, the AdamW state sharded, with
+/// --zero 3 the blocks' parameters and every gradient too.
 class DataParallelism {
  public:
   DataParallelism([[maybe_unused]] World* world, [[maybe_unused]] const Ranks& ranks, nn::GPT& model,
                   optim::AdamW& adamw, [[maybe_unused]] const std::vector<optim::ParamGroup>& groups,
-                  [[maybe_unused]] const optim::AdamWOptions& options, [[maybe_unused]] bool zero)
+                  [[maybe_unused]] const optim::AdamWOptions& options, [[maybe_unused]] std::int64_t zero)
       : model_(model), optimizer_(&adamw) {
 #ifdef REMAT_WITH_MPI
     world_ = world;
     ranks_ = ranks.count;
-    if (world) {
+    REMAT_CHECK(zero == 0 || world, "train_gpt: --zero {} shards across ranks: run under mpirun", zero);
+    if (world && zero == 3) {
+      fsdp_.emplace(*world, model);
+      optimizer_ = &fsdp_adamw_.emplace(*fsdp_, groups, options);
+    } else if (world) {
       dist::DataParallelOptions dp;
-      dp.shard_gradients = zero;
+      dp.shard_gradients = zero == 1;
       ddp_.emplace(*world, model, dp);
-      if (zero) optimizer_ = &sharded_.emplace(*ddp_, groups, options);
+      if (zero == 1) optimizer_ = &sharded_.emplace(*ddp_, groups, options);
     }
-    REMAT_CHECK(!zero || world, "train_gpt: --zero 1 shards the optimizer across ranks: run under mpirun");
 #endif
   }
   // DataParallel registers itself as backward's gradient observer and ShardedAdamW keeps a reference
@@ -555,10 +564,39 @@ class DataParallelism {
 
   optim::Optimizer& optimizer() { return *optimizer_; }
 
+  /// f() with the model whole (every rank calls it: under --zero 3 it is a collective, and what f
+  /// writes to the parameters goes back to the shards).
+  template <class F>
+  void with_whole_model(F&& f) {
+#ifdef REMAT_WITH_MPI
+    if (fsdp_) {
+      auto whole = fsdp_->full_parameters();
+      f();
+      return;
+    }
+#endif
+    f();
+  }
+
+  /// Training is over: the model whole for good (every rank calls it).
+  void finish() {
+#ifdef REMAT_WITH_MPI
+    if (fsdp_) {
+      optimizer_ = nullptr;
+      fsdp_adamw_.reset();
+      fsdp_.reset();
+    }
+#endif
+  }
+
   void clip_gradients() {
 #ifdef REMAT_WITH_MPI
     if (ddp_) {
       ddp_->clip_grad_norm(1.0);
+      return;
+    }
+    if (fsdp_) {
+      fsdp_->clip_grad_norm(1.0);
       return;
     }
 #endif
@@ -585,6 +623,8 @@ class DataParallelism {
   int ranks_ = 1;
   std::optional<dist::DataParallel> ddp_;
   std::optional<dist::ShardedAdamW> sharded_;
+  std::optional<dist::FullyShardedDataParallel> fsdp_;
+  std::optional<dist::FullyShardedAdamW> fsdp_adamw_;
 #endif
 };
 
@@ -592,7 +632,9 @@ void print_run_header(const Options& opt, const Ranks& ranks, const Corpus& corp
                       nn::GPT& model) {
   if (ranks.count > 1)
     fmt::print("data parallel: {} ranks, {} sequences each{}\n", ranks.count, ranks.local_batch,
-               opt.zero != 0 ? ", AdamW state sharded (ZeRO-1)" : "");
+               opt.zero == 1   ? ", AdamW state sharded (ZeRO-1)"
+               : opt.zero == 3 ? ", blocks' parameters, gradients and AdamW state sharded (ZeRO-3)"
+                               : "");
   fmt::print("remat train_gpt: {} characters of {} ({} distinct), unigram entropy {:.3f} nats/char\n",
              corpus.ids.size(), opt.data, cfg.vocab_size, corpus.unigram_entropy);
   fmt::print("model: {} layers, width {}, {} heads, context {}, {} parameters; batch {}, {} steps, lr {}, {} threads, "
@@ -893,12 +935,17 @@ int train(int argc, char** argv, World* world) {
               "train_gpt: --micro-batch accumulates one process's gradients; it does not run under mpirun yet");
   const Checkpointing checkpointing = policy::parse(opt.policy);
   const MemoryComparison memory = set_up_checkpointing(model, checkpointing, opt, corpus, split, gen);
-  DataParallelism parallel(world, ranks, model, adamw, groups, adamw_options(opt), opt.zero != 0);
+  REMAT_CHECK(opt.zero != 3 || (!activation_budget && opt.offload.empty()),
+              "train_gpt: --zero 3 runs with the hand-placed policies; --memory and --offload are not combined with it "
+              "yet");
+  DataParallelism parallel(world, ranks, model, adamw, groups, adamw_options(opt), opt.zero);
   print_run_header(opt, ranks, corpus, cfg, model);
 
   ProgressReport progress(opt);
   History history;
-  const std::int64_t first_step = opt.resume.empty() ? 0 : resume(opt, gen, history, model, parallel.optimizer());
+  std::int64_t first_step = 0;
+  if (!opt.resume.empty())
+    parallel.with_whole_model([&] { first_step = resume(opt, gen, history, model, parallel.optimizer()); });
   std::optional<MemoryBudget> budget;  // one across the steps: it replays its plan while they repeat
   if (activation_budget) budget.emplace(*activation_budget);
   std::optional<Offload> offload;  // one across the steps: one I/O thread, one directory
@@ -925,10 +972,14 @@ int train(int argc, char** argv, World* world) {
     history.add(step, loss);
     // Only rank 0 prints and saves the curve; the other ranks skip the evaluation.
     progress.after_step(step, loss, result.saved_at_forward_end, history, [&] {
-      return ranks.rank == 0 ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2, opt.bf16()) : 0.0;
+      double held = 0;
+      parallel.with_whole_model([&] {
+        if (ranks.rank == 0) held = held_out_loss(model, corpus, split, opt.batch, opt.context, 2, opt.bf16());
+      });
+      return held;
     });
     if (opt.save_every > 0 && (step + 1) % opt.save_every == 0)
-      save_state(opt, ranks, step + 1, gen, history, model, parallel.optimizer());
+      parallel.with_whole_model([&] { save_state(opt, ranks, step + 1, gen, history, model, parallel.optimizer()); });
     if (opt.die_after > 0 && step + 1 == opt.die_after) {  // the resume test's crash
       std::fflush(stdout);
       std::raise(SIGKILL);
@@ -939,6 +990,7 @@ int train(int argc, char** argv, World* world) {
   offload.reset();
   write_losses(opt, history.losses);
   progress.finish();
+  parallel.finish();
   if (ranks.rank != 0) return 0;  // rank 0 evaluates, samples and saves the one weights file
 
   const double total_secs = progress.seconds_since_start();

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <memory>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -319,6 +320,7 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
 
   void* data() const {
+    if (!data_ && away_) throw Error(*away_);
     REMAT_CHECK(data_ != nullptr, "tensor access: the bytes of this tensor ({} B) were discarded under a memory "
                 "budget and are read other than through the node that saved it (or after the budget could no "
                 "longer recompute them)", bytes_);
@@ -362,7 +364,9 @@ class Storage {
   /// The bytes, or null when discarded.
   void* raw_data() const { return data_; }
   /// Frees the bytes; the handle, shape and version stay. Saved books drop them while away.
-  void discard() {
+  /// `why`, when given, is the error a read meets meanwhile (a sharded parameter names its unit).
+  void discard(std::shared_ptr<const std::string> why = nullptr) {
+    away_ = std::move(why);
     if (!data_) return;
     if (saved_refs_ > 0) leave_saved_books();
     MemoryLedger::instance().deallocate(data_, bytes_);
@@ -373,6 +377,7 @@ class Storage {
     REMAT_ASSERT(!data_ && fresh.data_ && fresh.bytes_ == bytes_);
     data_ = fresh.data_;
     fresh.data_ = nullptr;  // live bytes move with the buffer: fresh's allocation is now ours
+    away_.reset();
     if (saved_refs_ > 0) join_saved_books();
   }
 
@@ -399,6 +404,7 @@ class Storage {
   int saved_refs_ = 0;
   bool parameter_ = false;
   std::shared_ptr<ThreadSavedBooks> books_;  // while saved: the books these bytes count in
+  std::shared_ptr<const std::string> away_;  // while discarded: what a read is told, when set
 };
 
 }  // namespace detail

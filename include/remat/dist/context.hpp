@@ -18,6 +18,7 @@
 
 #include "remat/core/autograd.hpp"
 #include "remat/core/error.hpp"
+#include "remat/core/hash.hpp"
 #include "remat/core/tensor.hpp"
 
 /// Data parallelism over MPI with deterministic, fixed-order collectives (optional: link remat::dist).
@@ -147,6 +148,52 @@ inline void sum_rows_in_rank_order(const float* rows, int ranks, int count, floa
   Vec sum(out, count);
   sum = ConstVec(rows, count);
   for (int q = 1; q < ranks; ++q) sum += ConstVec(rows + static_cast<std::ptrdiff_t>(q) * count, count);
+}
+
+/// Throws, on every rank, a remat::Error naming the first line where a rank's `mine` differs
+/// from rank 0's (`who` and `what` name the check): collectives must pair the same data everywhere.
+inline void agree_across_ranks(const Context& ctx, const char* who, const char* what, const std::string& mine) {
+  const int n = ctx.world_size();
+  const std::uint64_t hash = remat::detail::fnv1a(mine.data(), mine.size());
+  std::vector<std::uint64_t> hashes(static_cast<std::size_t>(n));
+  check_mpi(MPI_Allgather(&hash, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, ctx.comm()),
+                    "MPI_Allgather");
+  if (std::all_of(hashes.begin(), hashes.end(), [&](std::uint64_t h) { return h == hashes[0]; })) return;
+  const int length = mpi_count(static_cast<std::int64_t>(mine.size()), who);
+  std::vector<int> lengths(static_cast<std::size_t>(n)), offsets(static_cast<std::size_t>(n));
+  check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, ctx.comm()), "MPI_Allgather");
+  std::int64_t total = 0;
+  for (int q = 0; q < n; ++q) {
+    offsets[static_cast<std::size_t>(q)] = static_cast<int>(total);
+    total += lengths[static_cast<std::size_t>(q)];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                                   MPI_CHAR, ctx.comm()),
+                    "MPI_Allgatherv");
+  auto lines_of = [&](int q) {
+    std::vector<std::string> lines;
+    std::string text = all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(q)]),
+                                  static_cast<std::size_t>(lengths[static_cast<std::size_t>(q)]));
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = text.find('\n', at);
+      lines.push_back(text.substr(at, end - at));
+      at = end + 1;
+    }
+    return lines;
+  };
+  const std::vector<std::string> reference = lines_of(0);
+  for (int q = 1; q < n; ++q) {
+    const std::vector<std::string> other = lines_of(q);
+    for (std::size_t i = 0; i < std::max(reference.size(), other.size()); ++i) {
+      const std::string a = i < reference.size() ? reference[i] : "nothing (it has " + std::to_string(reference.size()) + " lines)";
+      const std::string b = i < other.size() ? other[i] : "nothing (it has " + std::to_string(other.size()) + " lines)";
+      if (a != b)
+        throw Error(fmt::format("{}: the ranks' {} differ: rank 0 has {}, rank {} has {} (every rank must "
+                                "build the same model)",
+                                who, what, a, q, b));
+    }
+  }
 }
 
 }  // namespace detail

@@ -1,0 +1,226 @@
+// Fully sharded data parallel (ZeRO-3), run by every rank (1, 2, 3 and 4 ranks in CTest): against
+// one process accumulating the ranks' micro-batches in rank order, bitwise, under checkpointing
+// policies; the all-gathers a step costs; a sharded parameter read outside its unit.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <remat/remat.hpp>
+#include <remat/dist/data_parallel.hpp>
+#include <remat/dist/fully_sharded.hpp>
+#include <remat/dist/fully_sharded_adamw.hpp>
+#include <remat/dist/sharded_adamw.hpp>
+#include <remat/nn/gpt.hpp>
+
+#include "dist/support_dist.hpp"
+#include "dist/trajectory.hpp"
+
+namespace remat::test {
+namespace {
+
+/// What the all-gathers of a run were: per step, per unit, in forward and backward; per step, how
+/// many of them were prefetched; prefetches dropped unused.
+struct Gathers {
+  std::vector<std::vector<std::int64_t>> per_unit;
+  std::vector<std::int64_t> prefetched;
+  std::int64_t unused = 0;
+};
+
+/// N ranks under ZeRO-3: rank r runs micro-batch r of each step under `policy`. `mixed`: each
+/// forward under remat::autocast (backward outside it).
+Trajectory fully_sharded(const std::string& policy, int steps, Gathers* gathers = nullptr, bool mixed = false,
+                         dist::FullyShardedOptions options = {}) {
+  dist::Context& ctx = world();
+  Generator init(5);
+  nn::GPT model(tiny_gpt(), init);
+  apply_checkpointing(model, policy::parse(policy));
+  dist::FullyShardedDataParallel fsdp(ctx, model, options);
+  dist::FullyShardedAdamW opt(fsdp, gpt_groups(model), kAdamW);
+  Trajectory out;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::int64_t> before;
+    std::int64_t prefetched_before = 0;
+    for (const dist::ShardedUnit& u : fsdp.units()) {
+      before.push_back(u.gathers);
+      prefetched_before += u.prefetched;
+    }
+    const MicroBatch mb = micro_batch(step, ctx.rank());
+    manual_seed(mb.seed);
+    Tensor loss;
+    {
+      autocast on(mixed);
+      loss = model.loss(mb.x, mb.y);
+    }
+    loss.backward();
+    if (gathers) {
+      gathers->per_unit.emplace_back();
+      std::int64_t prefetched = 0;
+      for (std::size_t u = 0; u < before.size(); ++u) {
+        gathers->per_unit.back().push_back(fsdp.units()[u].gathers - before[u]);
+        prefetched += fsdp.units()[u].prefetched;
+      }
+      gathers->prefetched.push_back(prefetched - prefetched_before);
+      gathers->unused = fsdp.unused_prefetches();
+    }
+    fsdp.gather_gradients();
+    out.grads.push_back(copies(model.parameters(), true));
+    opt.step();
+    opt.zero_grad();
+  }
+  auto whole = fsdp.full_parameters();
+  out.weights = copies(model.parameters(), false);
+  return out;
+}
+
+TEST_CASE("dist: ZeRO-3 gives the gradients and weights of one process accumulating the ranks' micro-batches, "
+          "bitwise, under every checkpointing policy", "[dist][fsdp]") {
+  const int steps = 3;
+  const Trajectory expected = reference(world().world_size(), steps);
+  for (const std::string policy : {"none", "blocks", "selective", "binomial:3", "uniform:2", "sqrt"}) {
+    INFO("policy " << policy);
+    check_same_trajectory(fully_sharded(policy, steps), expected, steps);
+  }
+  dist::FullyShardedOptions no_prefetch;
+  no_prefetch.prefetch = false;
+  for (const std::string policy : {"none", "blocks"}) {
+    INFO("policy " << policy << ", without prefetching");
+    check_same_trajectory(fully_sharded(policy, steps, nullptr, false, no_prefetch), expected, steps);
+  }
+}
+
+TEST_CASE("dist: under autocast, ZeRO-3 gives the gradients and weights of one process accumulating the ranks' "
+          "micro-batches, bitwise", "[dist][fsdp][autocast]") {
+  const int steps = 3;
+  const Trajectory expected = reference(world().world_size(), steps, true);
+  for (const std::string policy : {"none", "blocks", "binomial:3"}) {
+    INFO("policy " << policy);
+    check_same_trajectory(fully_sharded(policy, steps, nullptr, true), expected, steps);
+  }
+}
+
+TEST_CASE("dist: ZeRO-3 gathers each block twice a step, with or without per-block checkpointing", "[dist][fsdp]") {
+  for (const std::string policy : {"none", "blocks", "selective"}) {
+    INFO("policy " << policy);
+    Gathers gathers;
+    fully_sharded(policy, 3, &gathers);
+    const auto blocks = static_cast<std::int64_t>(tiny_gpt().n_layer);
+    for (std::size_t s = 0; s < gathers.per_unit.size(); ++s) {
+      const std::vector<std::int64_t>& step = gathers.per_unit[s];
+      for (std::size_t u = 0; u + 1 < step.size(); ++u) CHECK(step[u] == 2);  // forward, and once in backward
+      CHECK(step.back() == 0);  // the root stays whole: gathered by the optimizer's step only
+      // Forward prefetches every block but the first; backward, from the second step on (it
+      // follows the first backward's order), every block but the first it gathers.
+      CHECK(gathers.prefetched[s] == (s == 0 ? blocks - 1 : 2 * (blocks - 1)));
+    }
+    CHECK(gathers.unused == 0);
+  }
+}
+
+/// The most units gathered at once while ops run forward or backward.
+struct GatheredAtOnce : Observer {
+  explicit GatheredAtOnce(const dist::FullyShardedDataParallel& f) : fsdp(f) {}
+  void op_begin(const OpOutput&) override { most = std::max(most, fsdp.gathered_units()); }
+  void backward_op(const char*) override { most = std::max(most, fsdp.gathered_units()); }
+  const dist::FullyShardedDataParallel& fsdp;
+  std::size_t most = 0;
+};
+
+TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the rest", "[dist][fsdp]") {
+  for (const std::string policy : {"none", "blocks"}) {
+    INFO("policy " << policy);
+    Generator init(5);
+    nn::GPT model(tiny_gpt(), init);
+    apply_checkpointing(model, policy::parse(policy));
+    dist::FullyShardedDataParallel fsdp(world(), model);
+    dist::FullyShardedAdamW opt(fsdp, gpt_groups(model), kAdamW);
+    const int n = world().world_size();
+    for (const dist::ShardedUnit& u : fsdp.units()) {
+      CHECK(u.params.numel() == u.shard_numel(world().rank()));
+      CHECK(u.params.numel() <= u.numel / n + 1);
+      for (const dist::ShardedUnit::Entry& e : u.entries)
+        CHECK(fsdp.parameters()[e.param]->storage()->resident() == u.root);
+    }
+    for (int step = 0; step < 3; ++step) {
+      const MicroBatch mb = micro_batch(step, world().rank());
+      manual_seed(mb.seed);
+      GatheredAtOnce watch(fsdp);
+      model.loss(mb.x, mb.y).backward();
+      opt.step();
+      opt.zero_grad();
+      // The first step keeps what backward gathered until its end (it learns when gradients are final).
+      if (step > 0) CHECK(watch.most == 1);
+      CHECK(fsdp.gathered_units() == 0);
+    }
+  }
+}
+
+TEST_CASE("dist: a tied embedding is one parameter under ZeRO-3, trained bitwise as under ZeRO-1", "[dist][fsdp]") {
+  nn::GPTConfig cfg = tiny_gpt();
+  cfg.tie_weights = true;
+  auto run = [&](bool zero3) {
+    Generator init(5);
+    nn::GPT model(cfg, init);
+    std::optional<dist::DataParallel> ddp;
+    std::optional<dist::FullyShardedDataParallel> fsdp;
+    std::unique_ptr<optim::Optimizer> opt;
+    if (zero3) {
+      fsdp.emplace(world(), model);
+      CHECK(fsdp->parameters().size() == model.parameters().size());
+      opt = std::make_unique<dist::FullyShardedAdamW>(*fsdp, gpt_groups(model), kAdamW);
+    } else {
+      dist::DataParallelOptions options;
+      options.shard_gradients = true;
+      ddp.emplace(world(), model, options);
+      opt = std::make_unique<dist::ShardedAdamW>(*ddp, gpt_groups(model), kAdamW);
+    }
+    for (int step = 0; step < 2; ++step) {
+      const MicroBatch mb = micro_batch(step, world().rank());
+      manual_seed(mb.seed);
+      model.loss(mb.x, mb.y).backward();
+      opt->step();
+      opt->zero_grad();
+    }
+    opt.reset();
+    fsdp.reset();  // the model whole again
+    REQUIRE(model.lm_head.weight.cdata() == model.wte.weight.cdata());  // still one tensor
+    return copies(model.parameters(), false);
+  };
+  const std::vector<Tensor> zero1 = run(false), zero3 = run(true);
+  for (std::size_t i = 0; i < zero1.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(bitwise_equal(zero1[i], zero3[i]));
+  }
+}
+
+TEST_CASE("dist: a sharded parameter read outside its unit is an error naming it; full_parameters() makes the model "
+          "whole", "[dist][fsdp]") {
+  Generator init(5);
+  nn::GPT model(tiny_gpt(), init);
+  std::vector<Tensor> whole;
+  for (Tensor* p : model.parameters()) whole.push_back(detail::copy_of(*p));
+  {
+    dist::FullyShardedDataParallel fsdp(world(), model);
+    Tensor& w = model.h[1]->mlp.c_fc.weight;
+    CHECK_THROWS_WITH(w.data(), Catch::Contains("transformer.h.1.mlp.c_fc.weight") && Catch::Contains("block 1") &&
+                                    Catch::Contains("full_parameters"));
+    CHECK(model.wte.weight.data() != nullptr);  // the root stays whole
+    {
+      auto full = fsdp.full_parameters();
+      const std::vector<Tensor*> ps = model.parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i) CHECK(bitwise_equal(*ps[i], whole[i]));
+    }
+    CHECK_THROWS_AS(w.data(), Error);
+  }
+  // The wrapper gone, the model is whole again and runs alone.
+  const std::vector<Tensor*> ps = model.parameters();
+  for (std::size_t i = 0; i < ps.size(); ++i) CHECK(bitwise_equal(*ps[i], whole[i]));
+  const MicroBatch mb = micro_batch(0, 0);
+  CHECK_NOTHROW(model.loss(mb.x, mb.y).backward());
+}
+
+}  // namespace
+}  // namespace remat::test
