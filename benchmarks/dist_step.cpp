@@ -46,6 +46,7 @@ struct StepShape {
   double params;           ///< parameters (fp32 gradients: 4 bytes each)
   double forward_s, backward_s, optimizer_s;  ///< per rank, at a fixed micro-batch per rank
   std::vector<double> bucket_bytes;           ///< in the order they become ready
+  double units = 0, unit_bytes = 0;           ///< ZeRO-3: its blocks, and one block's parameter bytes
 };
 
 /// Bucket k is ready once backward has produced its share of the gradient bytes (compute per
@@ -69,6 +70,23 @@ Prediction predict(const StepShape& s, int ranks, double alpha, double beta) {
   }
   const double exposed = std::max(0.0, done - s.backward_s);
   return {s.forward_s + s.backward_s + exposed + s.optimizer_s, comm, exposed};
+}
+
+/// ZeRO-3 (remat::dist::FullyShardedDataParallel with prefetch): per block, an all-gather before
+/// its forward and one before its backward (⌈log2 N⌉ α + (N-1)/N S β each), and a reduce-scatter
+/// after its backward ((N-1) α + (N-1)/N S β). The next block's gather runs during this block's
+/// compute, so a block costs max(compute, communication) and only the first gather (and the last
+/// reduction) is exposed. The optimizer updates 1/N of the parameters.
+Prediction predict_zero3(const StepShape& s, int ranks, double alpha, double beta) {
+  const double n = ranks, units = s.units;
+  const double gather = ranks == 1 ? 0.0 : std::ceil(std::log2(n)) * alpha + (n - 1) / n * s.unit_bytes * beta;
+  const double reduce = ranks == 1 ? 0.0 : (n - 1) * alpha + (n - 1) / n * s.unit_bytes * beta;
+  const double f = s.forward_s / units, b = s.backward_s / units;
+  const double forward = gather + units * std::max(f, gather);
+  const double backward = gather + units * std::max(b, gather + reduce) + reduce;
+  const double comm = units * (2 * gather + reduce);
+  const double exposed = forward + backward - s.forward_s - s.backward_s;
+  return {forward + backward + s.optimizer_s / n, comm, exposed};
 }
 
 std::vector<double> buckets_of(double total_bytes, double first, double cap) {
@@ -114,11 +132,6 @@ struct ZeroRun {
     opt->zero_grad();
     return seconds_since(t0);
   }
-  /// Optimizer state kept outside the memory books (ShardedAdamW's moments).
-  std::size_t unbooked_bytes() const {
-    if (auto* s = dynamic_cast<const dist::ShardedAdamW*>(opt.get())) return s->state_bytes();
-    return 0;
-  }
 
   int stage;
   std::unique_ptr<nn::GPT> model;
@@ -156,8 +169,7 @@ int compare_zero(dist::Context& world, bench::Flags& a, const nn::GPTConfig& cfg
                  1e3 * *std::min_element(v.begin(), v.end()), 1e3 * *std::max_element(v.begin(), v.end()));
       if (runs.size() == 1) {
         const double psi = static_cast<double>(runs[r]->model->num_parameters());
-        fmt::print(", \"parameters\": {:.0f}, \"bytes_between_steps\": {}, \"peak_bytes\": {}, \"unbooked_bytes\": {}",
-                   psi, between, peak, runs[r]->unbooked_bytes());
+        fmt::print(", \"parameters\": {:.0f}, \"bytes_between_steps\": {}, \"peak_bytes\": {}", psi, between, peak);
         if (runs[r]->fsdp) {
           std::int64_t root = 0, largest = 0;
           for (const dist::ShardedUnit& u : runs[r]->fsdp->units()) {
@@ -281,18 +293,19 @@ int main(int argc, char** argv) {
         const StepShape measured{"this GPT (" + std::to_string(model.num_parameters()) + " parameters, " +
                                      std::to_string(B) + " x " + std::to_string(cfg.block_size) + " tokens per rank)",
                                  p_small, median(fwd_s[1]), median(bwd_s[1]) - median(exposed_s[1]), median(opt_s[1]),
-                                 small_buckets};
+                                 small_buckets, static_cast<double>(cfg.n_layer),
+                                 4.0 * (12.0 * static_cast<double>(cfg.n_embd * cfg.n_embd) + 13.0 * static_cast<double>(cfg.n_embd))};
         const double p_big = 24 * 12.0 * 2048 * 2048 + 50257.0 * 2048 + 2048.0 * 2048;
         const double tokens_big = 8.0 * 2048;  // 8 sequences of 2048 per rank
         const double scale = (p_big * tokens_big) / (p_small * static_cast<double>(B * cfg.block_size));
         const StepShape big{"GPT 1.3B (8 x 2048 tokens per rank, compute scaled by FLOPs)", p_big,
                             measured.forward_s * scale, measured.backward_s * scale, measured.optimizer_s * p_big / p_small,
-                            buckets_of(4 * p_big, 1 << 20, 25 << 20)};
+                            buckets_of(4 * p_big, 1 << 20, 25 << 20), 24, 4 * 12.0 * 2048 * 2048};
         // The same 1.3B step on an accelerator: compute at an assumed 100 TFLOP/s per rank, backward
         // two thirds of it, the optimizer at an assumed 1 TB/s over its 16 bytes per parameter.
         const double flops_big = 6 * p_big * tokens_big;
         const StepShape fast{"GPT 1.3B at an assumed 100 TFLOP/s per rank", p_big, flops_big / 3 / 100e12,
-                             2 * flops_big / 3 / 100e12, 16 * p_big / 1e12, big.bucket_bytes};
+                             2 * flops_big / 3 / 100e12, 16 * p_big / 1e12, big.bucket_bytes, big.units, big.unit_bytes};
         struct Network {
           const char* name;
           double alpha, beta;
@@ -300,13 +313,16 @@ int main(int argc, char** argv) {
                         {"assumed cluster: 100 Gb/s, 5 us", 5e-6, 1 / 12.5e9}};
         fmt::print("# α–β model: measured α = {:.2f} µs, β = {:.3f} ns/byte ({:.1f} GB/s) from the all-reduce of 8 B and "
                    "64 MiB on {} ranks\n", alpha * 1e6, beta * 1e9, 1e-9 / beta, ranks);
-        fmt::print("| model | network | ranks | step (s) | reduction (s) | exposed (s) | hidden |\n|---|---|---|---|---|---|---|\n");
+        fmt::print("| model | network | ranks | step (s) | reduction (s) | exposed (s) | hidden | ZeRO-3 step (s) | "
+                   "ZeRO-3 communication (s) | ZeRO-3 exposed (s) |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for (const StepShape* sh : {&measured, &big, &fast})
           for (const Network& net : networks)
             for (int r : {ranks, 8, 64, 512}) {
               const Prediction p = predict(*sh, r, net.alpha, net.beta);
-              fmt::print("| {} | {} | {} | {:.4g} | {:.4g} | {:.4g} | {:.1f}% |\n", sh->name, net.name, r, p.step_s,
-                         p.comm_s, p.exposed_s, p.comm_s > 0 ? 100 * (1 - p.exposed_s / p.comm_s) : 100.0);
+              const Prediction z = predict_zero3(*sh, r, net.alpha, net.beta);
+              fmt::print("| {} | {} | {} | {:.4g} | {:.4g} | {:.4g} | {:.1f}% | {:.4g} | {:.4g} | {:.4g} |\n", sh->name,
+                         net.name, r, p.step_s, p.comm_s, p.exposed_s,
+                         p.comm_s > 0 ? 100 * (1 - p.exposed_s / p.comm_s) : 100.0, z.step_s, z.comm_s, z.exposed_s);
             }
       }
     }

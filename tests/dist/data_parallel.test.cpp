@@ -68,14 +68,7 @@ Trajectory distributed(const std::string& policy, bool sharded, int steps, dist:
     opt = std::make_unique<optim::AdamW>(gpt_groups(model), kAdamW);
   Trajectory out;
   for (int step = 0; step < steps; ++step) {
-    const MicroBatch mb = micro_batch(step, ctx.rank());
-    manual_seed(mb.seed);
-    Tensor loss;
-    {
-      autocast on(mixed);
-      loss = model.loss(mb.x, mb.y);
-    }
-    loss.backward();
+    micro_batch_loss(model, step, ctx.rank(), mixed).backward();
     if (sharded) ddp.gather_gradients();
     out.grads.push_back(copies(model.parameters(), true));
     opt->step();

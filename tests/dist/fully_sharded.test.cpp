@@ -48,14 +48,7 @@ Trajectory fully_sharded(const std::string& policy, int steps, Gathers* gathers 
       before.push_back(u.gathers);
       prefetched_before += u.prefetched;
     }
-    const MicroBatch mb = micro_batch(step, ctx.rank());
-    manual_seed(mb.seed);
-    Tensor loss;
-    {
-      autocast on(mixed);
-      loss = model.loss(mb.x, mb.y);
-    }
-    loss.backward();
+    micro_batch_loss(model, step, ctx.rank(), mixed).backward();
     if (gathers) {
       gathers->per_unit.emplace_back();
       std::int64_t prefetched = 0;

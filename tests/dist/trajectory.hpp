@@ -57,6 +57,15 @@ inline std::vector<Tensor> copies(const std::vector<Tensor*>& ps, bool grads) {
   return out;
 }
 
+/// The loss of micro-batch `rank` of `step` (its dropout seed set first), the forward under
+/// remat::autocast when `mixed` (backward is the caller's, outside it).
+inline Tensor micro_batch_loss(nn::GPT& model, int step, int rank, bool mixed) {
+  const MicroBatch mb = micro_batch(step, rank);
+  manual_seed(mb.seed);
+  autocast on(mixed);
+  return model.loss(mb.x, mb.y);
+}
+
 /// One process: each step accumulates the N micro-batches in rank order, divides by N, AdamW.
 /// `mixed`: each forward under remat::autocast (backward outside it).
 inline Trajectory reference(int ranks, int steps, bool mixed = false) {
@@ -66,14 +75,7 @@ inline Trajectory reference(int ranks, int steps, bool mixed = false) {
   Trajectory out;
   for (int step = 0; step < steps; ++step) {
     for (int r = 0; r < ranks; ++r) {
-      const MicroBatch mb = micro_batch(step, r);
-      manual_seed(mb.seed);
-      Tensor loss;
-      {
-        autocast on(mixed);
-        loss = model.loss(mb.x, mb.y);
-      }
-      loss.backward();
+      micro_batch_loss(model, step, r, mixed).backward();
     }
     for (Tensor* p : model.parameters()) {
       Tensor g = p->grad();

@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdint>
 #include <algorithm>
 #include <cstdio>
@@ -80,6 +81,13 @@ struct ShardLayout {
   std::vector<int> counts, offsets;  ///< int: MPI's counts are ints
 };
 
+/// One parameter's place in a flat range (a DataParallel bucket, a fully sharded unit).
+struct FlatEntry {
+  std::size_t param;    ///< the wrapper's index of the parameter
+  std::int64_t offset;  ///< where it starts in the range
+  std::int64_t numel;   ///< its number of elements
+};
+
 /// The process's MPI lifetime (MPI_Init_thread / MPI_Finalize) and its communicator, a duplicate of
 /// MPI_COMM_WORLD on which every call returns its error (thrown as remat::Error) instead of
 /// aborting. One per process. While it lives, an exception that reaches std::terminate prints
@@ -138,6 +146,25 @@ namespace detail {
 inline int mpi_count(std::int64_t n, const char* op) {
   REMAT_CHECK(n <= 2147483647, "dist::{}: {} elements do not fit one MPI count; split the tensor", op, n);
   return static_cast<int>(n);
+}
+
+/// Calls f(entry, from, to) for each entry's part of the flat range [lo, hi).
+template <class F>
+void for_each_piece(const std::vector<FlatEntry>& entries, std::int64_t lo, std::int64_t hi, F&& f) {
+  for (const FlatEntry& e : entries) {
+    const std::int64_t from = std::max(lo, e.offset), to = std::min(hi, e.offset + e.numel);
+    if (from < to) f(e, from, to);
+  }
+}
+
+/// The L2 norm of a vector sharded over the ranks, from this rank's sum of squares; the sums are
+/// added in rank order, so every rank gets the same norm.
+inline double sharded_norm(const Context& ctx, double my_sum_of_squares) {
+  std::vector<double> all(static_cast<std::size_t>(ctx.world_size()));
+  check_mpi(MPI_Allgather(&my_sum_of_squares, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, ctx.comm()), "MPI_Allgather");
+  double sq = 0;
+  for (double v : all) sq += v;
+  return std::sqrt(sq);
 }
 
 /// Adds the ranks' copies of this rank's shard, in rank order: rows[q] is rank q's copy, each

@@ -66,13 +66,8 @@ struct SyncEvent {
 
 /// One bucket: a run of parameters (in gradient-ready order) laid end to end in one flat buffer.
 struct Bucket {
-  /// One parameter's place in the bucket.
-  struct Entry {
-    std::size_t param;    ///< index into DataParallel::parameters()
-    std::int64_t offset;  ///< where it starts in the bucket
-    /// Its number of elements.
-    std::int64_t numel;
-  };
+  /// One parameter's place in the bucket (`param` indexes DataParallel::parameters()).
+  using Entry = FlatEntry;
   /// The bucket's parameters, in gradient-ready order.
   std::vector<Entry> entries;
   /// The bucket's total elements.
@@ -183,11 +178,7 @@ class DataParallel : private remat::Observer {
                   .cast<double>()
                   .square()
                   .sum();
-    std::vector<double> all(static_cast<std::size_t>(ctx_.world_size()));
-    detail::check_mpi(MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, ctx_.comm()), "MPI_Allgather");
-    double sq = 0;
-    for (double v : all) sq += v;
-    const double norm = std::sqrt(sq), scale = max_norm / (norm + 1e-6);
+    const double norm = detail::sharded_norm(ctx_, mine), scale = max_norm / (norm + 1e-6);
     if (scale < 1)
       for (Bucket& b : buckets_)
         for (float& g : b.shard) g *= static_cast<float>(scale);

@@ -59,12 +59,8 @@ struct FullyShardedOptions {
 
 /// A unit: parameters gathered together and sharded together, laid end to end in one flat range.
 struct ShardedUnit {
-  /// One parameter's place in the flat range.
-  struct Entry {
-    std::size_t param;    ///< index into FullyShardedDataParallel::parameters()
-    std::int64_t offset;  ///< where it starts
-    std::int64_t numel;   ///< its number of elements
-  };
+  /// One parameter's place in the flat range (`param` indexes FullyShardedDataParallel::parameters()).
+  using Entry = FlatEntry;
   std::string name;              ///< "block 3", or "root"
   std::vector<Entry> entries;    ///< its parameters, in the model's order
   std::int64_t numel = 0;        ///< all its elements
@@ -249,11 +245,7 @@ class FullyShardedDataParallel : private remat::Observer {
     REMAT_CHECK(max_norm > 0, "FullyShardedDataParallel::clip_grad_norm: max_norm must be positive, got {}", max_norm);
     double mine = 0;
     for (const ShardedUnit& u : units_) mine += remat::detail::flat(u.grads).cast<double>().square().sum();
-    std::vector<double> all(static_cast<std::size_t>(ctx_.world_size()));
-    detail::check_mpi(MPI_Allgather(&mine, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, ctx_.comm()), "MPI_Allgather");
-    double sq = 0;
-    for (double v : all) sq += v;
-    const double norm = std::sqrt(sq), scale = max_norm / (norm + 1e-6);
+    const double norm = detail::sharded_norm(ctx_, mine), scale = max_norm / (norm + 1e-6);
     if (scale < 1)
       for (ShardedUnit& u : units_) remat::detail::flat(u.grads) *= static_cast<float>(scale);
     return norm;
@@ -293,15 +285,6 @@ class FullyShardedDataParallel : private remat::Observer {
     std::vector<nn::Module*> out;
     for (const auto& b : gpt.h) out.push_back(b.get());
     return out;
-  }
-
-  // Calls f(entry, from, to) for each parameter's part of the unit's range [lo, hi).
-  template <class F>
-  static void for_each_piece(const ShardedUnit& u, std::int64_t lo, std::int64_t hi, F&& f) {
-    for (const ShardedUnit::Entry& e : u.entries) {
-      const std::int64_t from = std::max(lo, e.offset), to = std::min(hi, e.offset + e.numel);
-      if (from < to) f(e, from, to);
-    }
   }
 
   // Block i: gathered around its forward, and again before its backward if freed meanwhile.
@@ -402,7 +385,7 @@ class FullyShardedDataParallel : private remat::Observer {
   // This rank's slice of the unit's whole parameters into its shard.
   void take_back(ShardedUnit& u) {
     const std::int64_t lo = u.shard_offset(ctx_.rank());
-    for_each_piece(u, lo, lo + u.params.numel(), [&](const ShardedUnit::Entry& e, std::int64_t from, std::int64_t to) {
+    detail::for_each_piece(u.entries, lo, lo + u.params.numel(), [&](const ShardedUnit::Entry& e, std::int64_t from, std::int64_t to) {
       const float* w = params_[e.param]->data() + (from - e.offset);
       std::copy(w, w + (to - from), u.params.data() + (from - lo));
     });
@@ -414,12 +397,13 @@ class FullyShardedDataParallel : private remat::Observer {
     u.gathered = false;
   }
 
-  // Observer: ops and backward ops move prefetches on.
-  void op_begin(const OpOutput&) override {
+  // Observer: ops and backward ops move the collectives in flight on (MPI progresses a
+  // non-blocking collective only inside its calls), and a finished reduction frees its buffers.
+  void op_begin(const OpOutput&) override { progress_in_flight(); }
+  void backward_op(const char*) override { progress_in_flight(); }
+  void progress_in_flight() {
     if (prefetch_) progress_prefetches();
-  }
-  void backward_op(const char*) override {
-    if (prefetch_) progress_prefetches();
+    if (!pending_.empty()) progress(false);
   }
 
   // Observer: a parameter's gradient took a contribution.
