@@ -578,10 +578,36 @@ class DataParallelism {
     f();
   }
 
-  /// Training is over: the model whole for good (every rank calls it).
+  /// Whether the parameters are sharded (--zero 3): then every rank runs every forward, evaluation
+  /// too, each block gathered as it runs.
+  bool shards_parameters() const {
+#ifdef REMAT_WITH_MPI
+    return fsdp_.has_value();
+#else
+    return false;
+#endif
+  }
+
+  /// A step begins: the peak the report gives is the last step's.
+  void start_step() {
+#ifdef REMAT_WITH_MPI
+    if (fsdp_) fsdp_->reset_peak_memory();
+#endif
+  }
+
+  /// Training is over: the model whole for good (every rank calls it). Under --zero 3 rank 0 says
+  /// what its bytes were at its peak.
   void finish() {
 #ifdef REMAT_WITH_MPI
     if (fsdp_) {
+      const dist::ShardedMemory& m = fsdp_->peak_memory();
+      if (world_->rank() == 0)
+        fmt::print("ZeRO-3, rank 0 at the last step's peak: {} live = parameters {} + gradients {} + optimizer state {} + "
+                   "activations saved {} + gathered blocks {} + the rest {}\n", human_bytes(m.live),
+                   human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(fsdp_adamw_->state_bytes()),
+                   human_bytes(m.activations), human_bytes(m.gathered),
+                   human_bytes(m.live - m.parameters - m.gradients - fsdp_adamw_->state_bytes() - m.activations -
+                               m.gathered));
       optimizer_ = nullptr;
       fsdp_adamw_.reset();
       fsdp_.reset();
@@ -958,6 +984,7 @@ int train(int argc, char** argv, World* world) {
   }
   for (std::int64_t step = first_step; step < opt.steps; ++step) {
     reset_peak_memory_stats();
+    parallel.start_step();
     std::optional<Trace> trace;
     if (!opt.trace.empty() && step == first_step) trace.emplace(opt.trace);
     // The batch and the loss stay alive until the step is reported: the reported peak includes them.
@@ -972,11 +999,8 @@ int train(int argc, char** argv, World* world) {
     history.add(step, loss);
     // Only rank 0 prints and saves the curve; the other ranks skip the evaluation.
     progress.after_step(step, loss, result.saved_at_forward_end, history, [&] {
-      double held = 0;
-      parallel.with_whole_model([&] {
-        if (ranks.rank == 0) held = held_out_loss(model, corpus, split, opt.batch, opt.context, 2, opt.bf16());
-      });
-      return held;
+      const bool evaluates = ranks.rank == 0 || parallel.shards_parameters();
+      return evaluates ? held_out_loss(model, corpus, split, opt.batch, opt.context, 2, opt.bf16()) : 0.0;
     });
     if (opt.save_every > 0 && (step + 1) % opt.save_every == 0)
       parallel.with_whole_model([&] { save_state(opt, ranks, step + 1, gen, history, model, parallel.optimizer()); });

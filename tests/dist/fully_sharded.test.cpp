@@ -137,16 +137,26 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
       for (const dist::ShardedUnit::Entry& e : u.entries)
         CHECK(fsdp.parameters()[e.param]->storage()->resident() == u.root);
     }
+    std::size_t shard_bytes = 0, root_bytes = 0, block_bytes = 0;
+    for (const dist::ShardedUnit& u : fsdp.units()) {
+      shard_bytes += u.params.nbytes();
+      (u.root ? root_bytes : block_bytes) = static_cast<std::size_t>(u.numel) * sizeof(float);
+    }
     for (int step = 0; step < 3; ++step) {
-      const MicroBatch mb = micro_batch(step, world().rank());
-      manual_seed(mb.seed);
+      fsdp.reset_peak_memory();
       GatheredAtOnce watch(fsdp);
-      model.loss(mb.x, mb.y).backward();
+      micro_batch_loss(model, step, world().rank(), false).backward();
       opt.step();
       opt.zero_grad();
-      // The first step keeps what backward gathered until its end (it learns when gradients are final).
-      if (step > 0) CHECK(watch.most == 1);
       CHECK(fsdp.gathered_units() == 0);
+      if (step == 0) continue;  // the first step keeps what backward gathered until its end (it learns
+                                // when gradients are final)
+      CHECK(watch.most == 1);
+      // At the peak: this rank's shards and the root whole; a block gathered and the next arriving.
+      const dist::ShardedMemory& peak = fsdp.peak_memory();
+      CHECK(peak.parameters == shard_bytes + root_bytes);
+      CHECK(peak.gathered <= 2 * block_bytes);
+      CHECK(peak.live >= peak.parameters + peak.gradients + peak.gathered + peak.activations);
     }
   }
 }

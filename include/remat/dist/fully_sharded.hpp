@@ -37,6 +37,7 @@
 
 #include "remat/core/autograd.hpp"
 #include "remat/core/error.hpp"
+#include "remat/core/memory.hpp"
 #include "remat/core/node.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/dist/context.hpp"
@@ -55,6 +56,20 @@ struct FullyShardedOptions {
   /// schedule's order: reverse for per-block checkpointing, the replay order of a chain). Two
   /// units' parameters are then here at once.
   bool prefetch = true;
+  /// Units whose gradient reduction may be in flight at once (each holds its local gradients and
+  /// every rank's copy of its shard: twice the unit's bytes). More overlap backward with
+  /// communication; fewer bound the memory.
+  std::size_t reductions_in_flight = 2;
+};
+
+/// A rank's bytes by kind at the moment its live bytes peaked (FullyShardedDataParallel samples
+/// them at every op and backward op); the optimizer's state is its own (state_bytes()).
+struct ShardedMemory {
+  std::size_t live = 0;         ///< all the allocator's live bytes then
+  std::size_t parameters = 0;   ///< the parameters' shards, and the root unit whole
+  std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad
+  std::size_t gathered = 0;     ///< blocks' parameters gathered, and prefetches in flight
+  std::size_t activations = 0;  ///< saved for backward (memory_stats().saved_activation_bytes)
 };
 
 /// A unit: parameters gathered together and sharded together, laid end to end in one flat range.
@@ -107,7 +122,9 @@ class FullyShardedDataParallel : private remat::Observer {
   /// blocks); the model's other parameters form the root unit.
   FullyShardedDataParallel(Context& ctx, nn::Module& model, nn::BlockStack& stack, std::vector<nn::Module*> blocks,
                            FullyShardedOptions options = {})
-      : ctx_(ctx), stack_(stack), prefetch_(options.prefetch) {
+      : ctx_(ctx), stack_(stack), prefetch_(options.prefetch), max_in_flight_(options.reductions_in_flight) {
+    REMAT_CHECK(options.reductions_in_flight >= 1, "FullyShardedDataParallel: reductions_in_flight must be at least 1, "
+                "got {}", options.reductions_in_flight);
     REMAT_CHECK(stack.blocks().size() == blocks.size(), "FullyShardedDataParallel: the model runs {} blocks, {} block "
                 "modules were given (one per block)", stack.blocks().size(), blocks.size());
     for (auto& [name, p] : model.named_parameters()) {
@@ -217,6 +234,11 @@ class FullyShardedDataParallel : private remat::Observer {
     for (const ShardedUnit& u : units_) n += !u.root && u.gathered ? 1 : 0;
     return n;
   }
+  /// The bytes by kind when live bytes peaked since the last reset_peak_memory() (or construction).
+  const ShardedMemory& peak_memory() const { return peak_; }
+  /// Starts measuring peak_memory() afresh.
+  void reset_peak_memory() { peak_ = ShardedMemory{}; }
+
   /// Prefetched gathers that were dropped unused (the order was not the expected one).
   std::int64_t unused_prefetches() const { return unused_prefetches_; }
   /// All-gathers of parameters so far, over every unit.
@@ -399,11 +421,38 @@ class FullyShardedDataParallel : private remat::Observer {
 
   // Observer: ops and backward ops move the collectives in flight on (MPI progresses a
   // non-blocking collective only inside its calls), and a finished reduction frees its buffers.
-  void op_begin(const OpOutput&) override { progress_in_flight(); }
-  void backward_op(const char*) override { progress_in_flight(); }
+  void op_begin(const OpOutput&) override {
+    progress_in_flight();
+    sample_memory();
+  }
+  void backward_op(const char*) override {
+    progress_in_flight();
+    sample_memory();
+  }
+
+  // The breakdown, when live bytes are at a new peak.
+  void sample_memory() {
+    const MemoryStats now = memory_stats();
+    if (now.live_bytes <= peak_.live) return;
+    ShardedMemory m;
+    m.live = now.live_bytes;
+    m.activations = now.saved_activation_bytes;
+    for (const ShardedUnit& u : units_) {
+      m.parameters += u.params.nbytes();
+      m.gradients += u.grads.nbytes();
+      if (u.flat_grads.defined()) m.gradients += u.flat_grads.nbytes() + u.rows.nbytes();
+      if (u.ahead.defined()) m.gathered += u.ahead.nbytes();
+      for (const FlatEntry& e : u.entries) {
+        const Tensor* p = params_[e.param];
+        if (u.gathered) (u.root ? m.parameters : m.gathered) += p->nbytes();
+        if (p->grad().defined()) m.gradients += p->grad().nbytes();
+      }
+    }
+    peak_ = m;
+  }
   void progress_in_flight() {
     if (prefetch_) progress_prefetches();
-    if (!pending_.empty()) progress(false);
+    if (!pending_.empty()) progress(pending_.size());
   }
 
   // Observer: a parameter's gradient took a contribution.
@@ -439,7 +488,7 @@ class FullyShardedDataParallel : private remat::Observer {
     if (expected_.empty()) expected_ = seen_;
     for (ShardedUnit& u : units_)
       if (!u.reduced) reduce(u);
-    progress(true);
+    progress(0);
     end_step();
   }
 
@@ -479,15 +528,16 @@ class FullyShardedDataParallel : private remat::Observer {
     ++u.reductions;
     release(u);
     pending_.push_back(&u);
-    progress(false);
+    // Waits only to bound the buffers: a reduction completes when every rank has moved it on.
+    progress(max_in_flight_);
   }
 
-  // Sums what has arrived, in the order sent; with `wait`, everything.
-  void progress(bool wait) {
+  // Sums what has arrived, in the order sent, waiting until at most `in_flight` reductions remain.
+  void progress(std::size_t in_flight) {
     std::size_t done_count = 0;
     for (ShardedUnit* u : pending_) {
       int done = 0;
-      if (wait) {
+      if (pending_.size() - done_count > in_flight) {
         detail::check_mpi(MPI_Wait(&u->request, MPI_STATUS_IGNORE), "MPI_Wait");
         done = 1;
       } else {
@@ -526,8 +576,10 @@ class FullyShardedDataParallel : private remat::Observer {
   bool step_started_ = false;
   int pinned_ = 0;  ///< FullParameters alive: nothing is released
   bool prefetch_;
+  std::size_t max_in_flight_;
   std::vector<std::size_t> backward_order_, last_backward_order_;  ///< blocks gathered in backward, in order
   std::int64_t unused_prefetches_ = 0;
+  ShardedMemory peak_;
   std::vector<ShardedUnit*> pending_;  ///< reductions in flight, in the order sent
   MPI_Comm gather_comm_ = MPI_COMM_NULL, reduce_comm_ = MPI_COMM_NULL;
 };
