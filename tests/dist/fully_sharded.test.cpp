@@ -211,6 +211,8 @@ TEST_CASE("dist: a sharded parameter read outside its unit is an error naming it
     CHECK_THROWS_WITH(w.data(), Catch::Contains("transformer.h.1.mlp.c_fc.weight") && Catch::Contains("block 1") &&
                                     Catch::Contains("full_parameters"));
     CHECK(model.wte.weight.data() != nullptr);  // the root stays whole
+    // One wrapper per model: a second is refused before it shards anything.
+    CHECK_THROWS_WITH(dist::FullyShardedDataParallel(world(), model), Catch::Contains("already wrapped"));
     {
       auto full = fsdp.full_parameters();
       const std::vector<Tensor*> ps = model.parameters();

@@ -123,6 +123,8 @@ class FullyShardedDataParallel : private remat::Observer {
   FullyShardedDataParallel(Context& ctx, nn::Module& model, nn::BlockStack& stack, std::vector<nn::Module*> blocks,
                            FullyShardedOptions options = {})
       : ctx_(ctx), stack_(stack), prefetch_(options.prefetch), max_in_flight_(options.reductions_in_flight) {
+    REMAT_CHECK(!stack.has_block_wrapper(), "FullyShardedDataParallel: the model's blocks are already wrapped (by "
+                "another FullyShardedDataParallel?): one wrapper per model");
     REMAT_CHECK(options.reductions_in_flight >= 1, "FullyShardedDataParallel: reductions_in_flight must be at least 1, "
                 "got {}", options.reductions_in_flight);
     REMAT_CHECK(stack.blocks().size() == blocks.size(), "FullyShardedDataParallel: the model runs {} blocks, {} block "
@@ -160,6 +162,7 @@ class FullyShardedDataParallel : private remat::Observer {
       u.entries.push_back({i, u.numel, params_[i]->numel()});
       u.numel += params_[i]->numel();
     }
+    for (const ShardedUnit& u : units_) detail::mpi_count(u.numel, "FullyShardedDataParallel unit");
     detail::agree_across_ranks(ctx_, "FullyShardedDataParallel", "parameters and units", describe());
     if (options.broadcast_parameters) broadcast_parameters(ctx_, params_);
     seen_.assign(params_.size(), 0);
@@ -168,9 +171,17 @@ class FullyShardedDataParallel : private remat::Observer {
       away_[i] = std::make_shared<const std::string>(fmt::format(
           "FullyShardedDataParallel: parameter '{}' of {} is sharded: its values are gathered only while its unit "
           "runs forward or backward (read it inside full_parameters())", names_[i], units_[unit_of_[i]].name));
+    // Gathers start in the order units run, reductions in the order gradients become final: two
+    // orders that interleave differently on each rank, hence two communicators.
+    detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &gather_comm_), "MPI_Comm_dup");
+    detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &reduce_comm_), "MPI_Comm_dup");
+    stack_.set_block_wrapper([this](std::size_t i, nn::Block f) -> nn::Block {
+      REMAT_CHECK(i + 1 < units_.size(), "FullyShardedDataParallel: the model runs block {}, the wrapper knows {} "
+                  "blocks", i, units_.size() - 1);
+      return [this, i, f = std::move(f)](const Tensor& x) { return run_unit(i, f, x); };
+    });
     const int rank = ctx_.rank();
     for (ShardedUnit& u : units_) {
-      detail::mpi_count(u.numel, "FullyShardedDataParallel unit");
       u.shards = ShardLayout(u.numel, ctx_.world_size());
       const std::int64_t mine = u.shard_numel(rank);
       u.params = Tensor(Shape{mine});
@@ -184,15 +195,6 @@ class FullyShardedDataParallel : private remat::Observer {
       u.gathered = true;
       release(u);
     }
-    // Gathers start in the order units run, reductions in the order gradients become final: two
-    // orders that interleave differently on each rank, hence two communicators.
-    detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &gather_comm_), "MPI_Comm_dup");
-    detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &reduce_comm_), "MPI_Comm_dup");
-    stack_.set_block_wrapper([this](std::size_t i, nn::Block f) -> nn::Block {
-      REMAT_CHECK(i + 1 < units_.size(), "FullyShardedDataParallel: the model runs block {}, the wrapper knows {} "
-                  "blocks", i, units_.size() - 1);
-      return [this, i, f = std::move(f)](const Tensor& x) { return run_unit(i, f, x); };
-    });
   }
 
   /// A GPT: one unit per Transformer block; embeddings, final norm and head are the root.

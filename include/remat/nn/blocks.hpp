@@ -50,6 +50,9 @@ class BlockStack {
     wrapper_ = std::move(wrapper);
   }
 
+  /// Whether a wrapper is installed.
+  bool has_block_wrapper() const { return static_cast<bool>(wrapper_); }
+
   /// Runs blocks() on x through the installed runner, or in order when there is none.
   Tensor run_blocks(const Tensor& x) {
     std::vector<Block> stack = blocks();
