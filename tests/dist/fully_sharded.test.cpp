@@ -105,9 +105,9 @@ TEST_CASE("dist: ZeRO-3 gathers each block twice a step, with or without per-blo
       const std::vector<std::int64_t>& step = gathers.per_unit[s];
       for (std::size_t u = 0; u + 1 < step.size(); ++u) CHECK(step[u] == 2);  // forward, and once in backward
       CHECK(step.back() == 0);  // the root stays whole: gathered by the optimizer's step only
-      // Forward prefetches every block but the first; backward, from the second step on (it
-      // follows the first backward's order), every block but the first it gathers.
-      CHECK(gathers.prefetched[s] == (s == 0 ? blocks - 1 : 2 * (blocks - 1)));
+      // Forward prefetches every block but the first; backward every block but the first it
+      // gathers (the first backward guesses the reverse order, the next ones follow the last).
+      CHECK(gathers.prefetched[s] == 2 * (blocks - 1));
     }
     CHECK(gathers.unused == 0);
   }

@@ -53,8 +53,8 @@ struct FullyShardedOptions {
   bool broadcast_parameters = true;
   /// Start the all-gather of the unit expected next while the current one runs: in forward the
   /// next block; in backward the next in the order the previous backward gathered them (the
-  /// schedule's order: reverse for per-block checkpointing, the replay order of a chain). Two
-  /// units' parameters are then here at once.
+  /// schedule's order: reverse for per-block checkpointing, the replay order of a chain), or the
+  /// block before in the first backward. Two units' parameters are then here at once.
   bool prefetch = true;
   /// Units whose gradient reduction may be in flight at once (each holds its local gradients and
   /// every rank's copy of its shard: twice the unit's bytes). More overlap backward with
@@ -373,6 +373,7 @@ class FullyShardedDataParallel : private remat::Observer {
       backward_order_.push_back(i);
       const std::size_t at = backward_order_.size();
       if (at < last_backward_order_.size()) next = last_backward_order_[at];
+      else if (last_backward_order_.empty() && i > 0) next = i - 1;  // the first backward: a stack's reverse order
     } else if (pinned_ == 0) {
       next = i + 1;
     }
