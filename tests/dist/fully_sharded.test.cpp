@@ -106,8 +106,26 @@ TEST_CASE("dist: ZeRO-3 gathers each block twice a step, with or without per-blo
       for (std::size_t u = 0; u + 1 < step.size(); ++u) CHECK(step[u] == 2);  // forward, and once in backward
       CHECK(step.back() == 0);  // the root stays whole: gathered by the optimizer's step only
       // Forward prefetches every block but the first; backward every block but the first it
-      // gathers (the first backward guesses the reverse order, the next ones follow the last).
+      // gathers, from the first step on (the reverse order; nothing traced).
       CHECK(gathers.prefetched[s] == 2 * (blocks - 1));
+    }
+    CHECK(gathers.unused == 0);
+  }
+}
+
+TEST_CASE("dist: under a chain schedule, ZeRO-3 prefetches in the plan's order from the first step", "[dist][fsdp]") {
+  for (const std::string policy : {"binomial:2", "binomial:3", "uniform:2", "sqrt"}) {
+    INFO("policy " << policy);
+    Gathers gathers;
+    fully_sharded(policy, 2, &gathers);
+    for (std::size_t s = 0; s < gathers.per_unit.size(); ++s) {
+      INFO("step " << s);
+      std::int64_t total = 0;
+      for (std::size_t u = 0; u + 1 < gathers.per_unit[s].size(); ++u) total += gathers.per_unit[s][u];
+      // Every gather but the step's first, and the backward's first when the forward's last block is
+      // also the first the backward needs (freed between them), was started ahead — by the plan, so
+      // the first step too — and no prefetch was wasted.
+      CHECK(gathers.prefetched[s] == total - 2);
     }
     CHECK(gathers.unused == 0);
   }
@@ -142,6 +160,15 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
       shard_bytes += u.params.nbytes();
       (u.root ? root_bytes : block_bytes) = static_cast<std::size_t>(u.numel) * sizeof(float);
     }
+    // The most one parameter's reduction holds on this rank: its local gradient, and N - 1 copies
+    // of this rank's piece of it.
+    std::size_t one_reduction = 0;
+    for (const dist::ShardedUnit& u : fsdp.units())
+      for (const dist::ShardedUnit::Entry& e : u.entries) {
+        const std::int64_t lo = u.shard_offset(world().rank()), from = std::max(lo, e.offset),
+                           to = std::max(from, std::min(lo + u.shard_numel(world().rank()), e.offset + e.numel));
+        one_reduction = std::max(one_reduction, sizeof(float) * static_cast<std::size_t>(e.numel + (n - 1) * (to - from)));
+      }
     for (int step = 0; step < 3; ++step) {
       fsdp.reset_peak_memory();
       GatheredAtOnce watch(fsdp);
@@ -157,6 +184,18 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
       CHECK(peak.parameters == shard_bytes + root_bytes);
       CHECK(peak.gathered <= 2 * block_bytes);
       CHECK(peak.live >= peak.parameters + peak.gradients + peak.gathered + peak.activations);
+      // The model state at its own peak: the shards (parameters and gradients), the root, two blocks,
+      // and one parameter's gradient on its way (its local copy and the other ranks' copies of this
+      // rank's piece of it) — never a whole block's gradients waiting for their last one.
+      const dist::ShardedMemory& state = fsdp.peak_model_state();
+      INFO("at the model state's peak: parameters " << state.parameters << ", gradients " << state.gradients
+           << ", gathered " << state.gathered << "; shards " << shard_bytes << ", root " << root_bytes << ", block "
+           << block_bytes << ", one reduction at most " << one_reduction);
+      CHECK(state.model_state() >= peak.model_state());
+      CHECK(state.parameters == shard_bytes + root_bytes);
+      CHECK(state.gathered <= 2 * block_bytes);
+      CHECK(state.gradients <= shard_bytes + one_reduction);
+      if (n <= 3) CHECK(one_reduction < block_bytes);  // (4 ranks of so tiny a model: a shard is under a weight)
     }
   }
 }

@@ -4,6 +4,7 @@
 // the node's backward runs the rest. Every execution of step i sees the generator state step i saw
 // in the forward pass, and replays run with is_replaying() set, as checkpoint() does.
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -330,33 +331,70 @@ struct ChainRun {
   }
 
   /// Runs the forward part of the plan: its first forward_actions actions.
-  void run_forward() {
+  void run_forward() { run_actions(0, plan.forward_actions, true); }
+
+  /// Runs the rest of the plan, streamed afresh (so a retained graph can run it again).
+  void run_backward() { run_actions(plan.forward_actions, kToTheEnd, false); }
+
+  /// run_actions()'s `to` for "to the plan's end".
+  static constexpr std::size_t kToTheEnd = static_cast<std::size_t>(-1);
+  /// execute()'s `after` when the caller does not know the plan: the step after the action's last.
+  static constexpr std::int64_t kNextInOrder = -2;
+
+  /// Runs actions [from, to) of the plan. It reads ahead to the next action that needs a step's
+  /// parameters, so each step knows which one the schedule runs after it (ChainPosition, for a
+  /// wrapper that prefetches); in backward it also hands execute() the action right after (a
+  /// record followed by its own reverse may stop its replay early).
+  void run_actions(std::size_t from, std::size_t to, bool forward) {
     ActionReader stream(plan.stream());
     Action act{Action::Kind::free, 0};
-    for (std::size_t a = 0; a < plan.forward_actions; ++a) {
-      REMAT_ASSERT(stream.next(act));
-      execute(act, nullptr, true);
+    for (std::size_t a = 0; a < from; ++a) REMAT_ASSERT(stream.next(act));
+    std::deque<Action> ahead;  // read, not yet run; ahead[0] runs next
+    bool more = true;
+    auto read_up_to = [&](std::size_t n) {
+      while (more && ahead.size() < n) {
+        if (stream.next(act)) ahead.push_back(act);
+        else more = false;
+      }
+    };
+    for (std::size_t a = from; a < to; ++a) {
+      read_up_to(2);
+      if (ahead.empty()) {
+        REMAT_ASSERT(to == kToTheEnd);
+        break;
+      }
+      std::int64_t after = -1;
+      for (std::size_t k = 1;; ++k) {
+        read_up_to(k + 1);
+        if (k >= ahead.size()) break;
+        if (const std::int64_t s = step_needed(ahead[k], ahead.front(), forward); s >= 0) {
+          after = s;
+          break;
+        }
+      }
+      execute(ahead[0], !forward && ahead.size() > 1 ? &ahead[1] : nullptr, forward, after);
+      ahead.pop_front();
     }
   }
 
-  /// Runs the rest of the plan, streamed afresh (so a retained graph can run it again), looking
-  /// one action ahead: a record followed by its own reverse may stop its replay early.
-  void run_backward() {
-    ActionReader stream(plan.stream());
-    Action act{Action::Kind::free, 0}, ahead{Action::Kind::free, 0};
-    for (std::size_t a = 0; a < plan.forward_actions; ++a) REMAT_ASSERT(stream.next(act));
-    bool have = stream.next(act);
-    while (have) {
-      const bool have_ahead = stream.next(ahead);
-      execute(act, have_ahead ? &ahead : nullptr, false);
-      act = ahead;
-      have = have_ahead;
+  /// The step whose parameters `later` needs, when it comes after `now` with only bookkeeping
+  /// between them; -1 when it needs none: a snapshot, a restore, a free, or in backward the
+  /// reverse of the step `now` records (its parameters stay in use; a step recorded in forward
+  /// meets its reverse only after the rest of the forward pass).
+  static std::int64_t step_needed(const Action& later, const Action& now, bool forward) {
+    using K = Action::Kind;
+    switch (later.kind) {
+      case K::advance:
+      case K::record: return later.step;
+      case K::reverse: return !forward && now.kind == K::record && now.step == later.step ? -1 : later.step;
+      default: return -1;
     }
   }
 
   /// Runs one action; `next` is the action after it when known, `forward` while the forward
-  /// pass runs the schedule's first part.
-  void execute(const Action& act, const Action* next, bool forward) {
+  /// pass runs the schedule's first part; `after` is the step the schedule needs after this
+  /// action's (-1: none; kNextInOrder: the one after the action's last step).
+  void execute(const Action& act, const Action* next, bool forward, std::int64_t after = kNextInOrder) {
     // Snapshots and recorded inputs are held here, outside any saved list: every op computes,
     // whatever an enclosing replay would skip. (No scope at all when none is installed: ops then
     // make their outputs by a plain call.)
@@ -366,10 +404,17 @@ struct ChainRun {
     const std::int64_t i = act.step;
     static constexpr const char* kNames[] = {"advance", "snapshot", "restore", "free", "record", "reverse"};
     TimelineSpan span(kNames[static_cast<int>(act.kind)], "chain");
+    if (after == kNextInOrder) after = act.step + act.count;
+    if (after >= static_cast<std::int64_t>(steps.size())) after = -1;
+    // The step running (or being reversed) and the one the schedule needs after it.
+    auto at = [this](std::int64_t step, std::int64_t then) {
+      return Install<&Session::chain_position>(ChainPosition{this, step, then});  // elided: no copy
+    };
     switch (act.kind) {
       case K::advance: {
         auto not_recording = scoped_recording(false);
         for (std::int64_t j = i; j < i + act.count; ++j) {
+          const auto position_now = at(j, j + 1 < i + act.count ? j + 1 : after);
           current = run_step(j, current).detach();
           ++position;
           ++counts.advances;
@@ -405,6 +450,7 @@ struct ChainRun {
         // when that is all it needs (noted while it records; its graph goes right after).
         std::optional<CompactRecorder::Notes> notes;
         if (forward && compact) notes.emplace();
+        const auto position_now = at(i, after);
         r.output = r.run->record([&] { return run_step(i, r.input, unused, notes ? &*notes : nullptr); });
         current = r.output.detach();
         if (notes && notes->complete) {
@@ -417,6 +463,7 @@ struct ChainRun {
         break;
       }
       case K::reverse: {
+        const auto position_now = at(i, after);
         if (!held.recorded.count(i)) rebuild(i);
         Recorded& r = held.recorded.at(i);
         const bool keep = retaining && r.in_forward;

@@ -47,6 +47,15 @@ class RecordDraws;
 class ThreadSavedBooks;
 struct SavedTensorHooksPair;
 
+/// The chain step running on this thread and the step its schedule runs after it
+/// (checkpoint/chain.hpp sets it around each step and each reversal): what a wrapper around the
+/// steps (dist::FullyShardedDataParallel) prepares ahead, read from the plan rather than guessed.
+struct ChainPosition {
+  const void* chain = nullptr;  ///< the run (null: no chain step is running)
+  std::int64_t step = -1;       ///< the step running or being reversed
+  std::int64_t next = -1;       ///< the step whose parameters the schedule needs next (-1: none)
+};
+
 /// Replays skipped by early stop on this thread, for tests and benchmarks.
 struct EarlyStopStats {
   std::size_t ops = 0;
@@ -83,6 +92,7 @@ struct Session {
   bool check_replay_values = false;  ///< CheckpointChecking
   bool debug_replay = false;         ///< CheckpointDebug
   bool early_stop = true;            ///< CheckpointEarlyStop
+  ChainPosition chain_position;      ///< the chain step running, and the one after it
   EarlyStopStats early_stop_stats;
 
   // Memory.

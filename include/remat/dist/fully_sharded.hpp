@@ -1,8 +1,8 @@
 #pragma once
 // dist::FullyShardedDataParallel — ZeRO stage 3, PyTorch's FSDP for remat: every rank runs the
 // whole model on its share of the batch, but keeps only 1/N of each block's parameters. A block's
-// parameters are all-gathered just before it runs and freed after, gradients are reduce-scattered
-// as soon as a block's are final, and dist::FullyShardedAdamW updates each rank's shard.
+// parameters are all-gathered just before it runs and freed after, each parameter's gradient is
+// reduce-scattered as soon as it is final, and dist::FullyShardedAdamW updates each rank's shard.
 //
 // Units: each block of the model's BlockStack is one unit (its parameters gathered and sharded
 // together); everything else (embeddings, final norm, head) is the root unit, which stays whole —
@@ -19,24 +19,29 @@
 // A parameter's Storage object stays the same throughout: nodes that saved it read the gathered
 // bytes, and a read while it is sharded is an error naming the parameter and its unit.
 //
-// Why the gradients are one process's bits: each rank receives every rank's copy of its shard of a
-// unit's gradients (all-to-all), adds them in rank order and divides by N, as DataParallel does;
-// AdamW's element-wise update does not care where a shard begins (optim::AdamWStep). A unit's
-// gradients become final when each parameter has taken as many contributions as in the first step
-// (which reduces everything at its end, in unit order, and learns the counts).
+// Why the gradients are one process's bits: each rank receives every other rank's copy of its piece
+// of a parameter's gradient (all-to-all, sent from the .grad where it lies), adds them to its own
+// in rank order and divides by N, as DataParallel does; AdamW's element-wise update does not care
+// where a shard begins (optim::AdamWStep). A parameter's gradient is final when it has taken as
+// many contributions as in the first step (which reduces everything at its end, in unit order,
+// and learns the counts). Reducing parameter by parameter rather than unit by unit keeps a unit's
+// whole local gradient from waiting for its last parameter: what is in flight is one parameter.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "remat/core/autograd.hpp"
 #include "remat/core/error.hpp"
+#include "remat/core/factory.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/node.hpp"
 #include "remat/core/observer.hpp"
@@ -51,25 +56,29 @@ namespace remat::dist {
 struct FullyShardedOptions {
   /// Copy rank 0's parameters to every rank before sharding them.
   bool broadcast_parameters = true;
-  /// Start the all-gather of the unit expected next while the current one runs: in forward the
-  /// next block; in backward the next in the order the previous backward gathered them (the
-  /// schedule's order: reverse for per-block checkpointing, the replay order of a chain), or the
-  /// block before in the first backward. Two units' parameters are then here at once.
+  /// Start the all-gather of the unit expected next while the current one runs: under a chain
+  /// schedule (binomial, sqrt, uniform, budget) the block its plan runs next, forward or backward;
+  /// otherwise the next block in forward and the one before in backward (the order autograd
+  /// reverses a stack in, with or without per-block checkpointing). Nothing is traced: the order
+  /// holds from the first step. Two units' parameters are then here at once.
   bool prefetch = true;
-  /// Units whose gradient reduction may be in flight at once (each holds its local gradients and
-  /// every rank's copy of its shard: twice the unit's bytes). More overlap backward with
-  /// communication; fewer bound the memory.
-  std::size_t reductions_in_flight = 2;
+  /// Parameters whose gradient reduction may be in flight at once (each holds its local gradient
+  /// and the other ranks' copies of this rank's piece of it). More overlap backward with
+  /// communication; one keeps the model state closest to 16Ψ/N plus two gathered blocks.
+  std::size_t reductions_in_flight = 1;
 };
 
-/// A rank's bytes by kind at the moment its live bytes peaked (FullyShardedDataParallel samples
-/// them at every op and backward op); the optimizer's state is its own (state_bytes()).
+/// A rank's bytes by kind at one moment: when its live bytes peaked, or its model state
+/// (FullyShardedDataParallel samples them at every op and backward op); the optimizer's state is
+/// its own (state_bytes()).
 struct ShardedMemory {
   std::size_t live = 0;         ///< all the allocator's live bytes then
   std::size_t parameters = 0;   ///< the parameters' shards, and the root unit whole
-  std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad
+  std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad not yet final
   std::size_t gathered = 0;     ///< blocks' parameters gathered, and prefetches in flight
   std::size_t activations = 0;  ///< saved for backward (memory_stats().saved_activation_bytes)
+  /// The model's state apart from the optimizer's: parameters, gradients and gathered blocks.
+  std::size_t model_state() const { return parameters + gradients + gathered; }
 };
 
 /// A unit: parameters gathered together and sharded together, laid end to end in one flat range.
@@ -85,23 +94,13 @@ struct ShardedUnit {
   Tensor grads;                  ///< this rank's shard of the averaged gradients
   std::int64_t gathers = 0;      ///< all-gathers of its parameters so far (prefetched or not)
   std::int64_t prefetched = 0;   ///< of which started ahead, while another unit ran
-  std::int64_t reductions = 0;   ///< reduce-scatters of its gradients so far
+  std::int64_t reductions = 0;   ///< reduce-scatters of its parameters' gradients so far (one a parameter a step)
 
   // State within a step.
   bool gathered = false;      ///< its parameters' bytes are here
   bool stale = false;         ///< the shard changed since the last gather: the next one bumps versions
-  bool grads_fresh = true;    ///< the next reduction writes the gradient shard (else adds to it)
+  bool grads_fresh = true;    ///< this backward's reductions write the gradient shard (else add to it)
   int waiting = 0;            ///< parameters whose gradients are not final yet
-  bool reduced = false;       ///< this step's reduction has started
-  ///@{
-  /// The reduction in flight: the local gradients, and every rank's copy of my shard.
-  Tensor flat_grads, rows;
-  ///@}
-  ///@{
-  /// Where each rank's copy lands in `rows` (MPI's counts and displacements).
-  std::vector<int> row_counts, row_offsets;
-  ///@}
-  MPI_Request request = MPI_REQUEST_NULL;        ///< the reduction in flight (MPI_REQUEST_NULL when none)
   Tensor ahead;                                  ///< a prefetch in flight: the gathered parameters, end to end
   MPI_Request ahead_request = MPI_REQUEST_NULL;  ///< the prefetch's request
 
@@ -166,6 +165,10 @@ class FullyShardedDataParallel : private remat::Observer {
     detail::agree_across_ranks(ctx_, "FullyShardedDataParallel", "parameters and units", describe());
     if (options.broadcast_parameters) broadcast_parameters(ctx_, params_);
     seen_.assign(params_.size(), 0);
+    reduced_.assign(params_.size(), 0);
+    entry_of_.resize(params_.size());
+    for (const ShardedUnit& u : units_)
+      for (std::size_t k = 0; k < u.entries.size(); ++k) entry_of_[u.entries[k].param] = k;
     away_.resize(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i)
       away_[i] = std::make_shared<const std::string>(fmt::format(
@@ -188,10 +191,6 @@ class FullyShardedDataParallel : private remat::Observer {
       u.grads = Tensor(Shape{mine});
       remat::detail::flat(u.grads).setZero();
       take_back(u);
-      u.row_counts.assign(static_cast<std::size_t>(ctx_.world_size()), static_cast<int>(mine));
-      u.row_offsets.resize(static_cast<std::size_t>(ctx_.world_size()));
-      for (int q = 0; q < ctx_.world_size(); ++q)
-        u.row_offsets[static_cast<std::size_t>(q)] = q * static_cast<int>(mine);
       u.gathered = true;
       release(u);
     }
@@ -205,8 +204,9 @@ class FullyShardedDataParallel : private remat::Observer {
   /// the other ranks may not be here to gather with).
   ~FullyShardedDataParallel() override {
     stack_.set_block_wrapper({});
+    for (Reduction& r : pending_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
+    pending_.clear();
     for (ShardedUnit& u : units_) {
-      if (u.request != MPI_REQUEST_NULL) MPI_Wait(&u.request, MPI_STATUS_IGNORE);
       if (u.ahead_request != MPI_REQUEST_NULL) MPI_Wait(&u.ahead_request, MPI_STATUS_IGNORE);
       u.ahead = Tensor();
     }
@@ -238,8 +238,10 @@ class FullyShardedDataParallel : private remat::Observer {
   }
   /// The bytes by kind when live bytes peaked since the last reset_peak_memory() (or construction).
   const ShardedMemory& peak_memory() const { return peak_; }
-  /// Starts measuring peak_memory() afresh.
-  void reset_peak_memory() { peak_ = ShardedMemory{}; }
+  /// The bytes by kind when the model state (ShardedMemory::model_state) peaked, over the same time.
+  const ShardedMemory& peak_model_state() const { return peak_state_; }
+  /// Starts measuring peak_memory() and peak_model_state() afresh.
+  void reset_peak_memory() { peak_ = peak_state_ = ShardedMemory{}; }
 
   /// Prefetched gathers that were dropped unused (the order was not the expected one).
   std::int64_t unused_prefetches() const { return unused_prefetches_; }
@@ -305,6 +307,17 @@ class FullyShardedDataParallel : private remat::Observer {
  private:
   friend class FullyShardedAdamW;
 
+  // One parameter's gradient on its way to the shards: its local gradient (sent from where it
+  // lies) and the other ranks' copies of this rank's piece of it, in rank order.
+  struct Reduction {
+    std::size_t param = 0;
+    Tensor local, rows;
+    std::int64_t from = 0, to = 0;  // this rank's piece, in the unit's range
+    // MPI reads the counts until the reduction completes: they live as long as it.
+    std::vector<int> send_counts, send_offsets, recv_counts, recv_offsets;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
   static std::vector<nn::Module*> block_modules(nn::GPT& gpt) {
     std::vector<nn::Module*> out;
     for (const auto& b : gpt.h) out.push_back(b.get());
@@ -365,20 +378,19 @@ class FullyShardedDataParallel : private remat::Observer {
     if (!u.root) prefetch_after(static_cast<std::size_t>(&u - units_.data()));
   }
 
-  // Block i was just gathered: start gathering the one expected next.
+  // Block i was just gathered: start gathering the one expected next. A chain's steps are the
+  // stack's blocks in order, so the step its plan needs next is a block at the same distance.
   void prefetch_after(std::size_t i) {
-    const std::size_t blocks = units_.size() - 1;
-    std::size_t next = blocks;  // none
-    if (remat::detail::session().backward_depth > 0) {
-      backward_order_.push_back(i);
-      const std::size_t at = backward_order_.size();
-      if (at < last_backward_order_.size()) next = last_backward_order_[at];
-      else if (last_backward_order_.empty() && i > 0) next = i - 1;  // the first backward: a stack's reverse order
-    } else if (pinned_ == 0) {
-      next = i + 1;
-    }
-    if (!prefetch_ || next >= blocks) return;
-    ShardedUnit& n = units_[next];
+    if (!prefetch_) return;
+    const remat::detail::Session& s = remat::detail::session();
+    const remat::detail::ChainPosition& at = s.chain_position;
+    const auto here = static_cast<std::int64_t>(i);
+    std::int64_t next = here + 1;
+    if (at.chain != nullptr) next = at.next < 0 ? -1 : here + (at.next - at.step);
+    else if (s.backward_depth > 0) next = here - 1;
+    else if (pinned_ > 0) next = -1;  // FullParameters gathers every unit anyway
+    if (next < 0 || next >= static_cast<std::int64_t>(units_.size()) - 1) return;
+    ShardedUnit& n = units_[static_cast<std::size_t>(next)];
     if ((n.gathered && !n.stale) || n.ahead.defined()) return;
     n.ahead = Tensor(Shape{n.numel});
     detail::check_mpi(MPI_Iallgatherv(n.params.data(), static_cast<int>(n.params.numel()), MPI_FLOAT, n.ahead.data(),
@@ -433,17 +445,15 @@ class FullyShardedDataParallel : private remat::Observer {
     sample_memory();
   }
 
-  // The breakdown, when live bytes are at a new peak.
+  // The breakdown, kept when live bytes or the model state are at a new peak.
   void sample_memory() {
     const MemoryStats now = memory_stats();
-    if (now.live_bytes <= peak_.live) return;
     ShardedMemory m;
     m.live = now.live_bytes;
     m.activations = now.saved_activation_bytes;
     for (const ShardedUnit& u : units_) {
       m.parameters += u.params.nbytes();
       m.gradients += u.grads.nbytes();
-      if (u.flat_grads.defined()) m.gradients += u.flat_grads.nbytes() + u.rows.nbytes();
       if (u.ahead.defined()) m.gathered += u.ahead.nbytes();
       for (const FlatEntry& e : u.entries) {
         const Tensor* p = params_[e.param];
@@ -451,7 +461,9 @@ class FullyShardedDataParallel : private remat::Observer {
         if (p->grad().defined()) m.gradients += p->grad().nbytes();
       }
     }
-    peak_ = m;
+    for (const Reduction& r : pending_) m.gradients += r.local.nbytes() + (r.rows.defined() ? r.rows.nbytes() : 0);
+    if (m.live > peak_.live) peak_ = m;
+    if (m.model_state() > peak_state_.model_state()) peak_state_ = m;
   }
   void progress_in_flight() {
     if (prefetch_) progress_prefetches();
@@ -467,38 +479,41 @@ class FullyShardedDataParallel : private remat::Observer {
     ++seen_[i];
     if (expected_.empty()) return;  // the first step learns the counts
     ShardedUnit& u = units_[unit_of_[i]];
-    REMAT_CHECK(!u.reduced, "FullyShardedDataParallel: parameter '{}' took a gradient after {}'s gradients were "
+    REMAT_CHECK(!reduced_[i], "FullyShardedDataParallel: parameter '{}' of {} took a gradient after its gradient was "
                 "reduced: it took {} contribution(s) in the first step and {} in this one. The graph must use each "
                 "parameter as often in every step", names_[i], u.name, expected_[i], seen_[i]);
-    if (seen_[i] == expected_[i] && --u.waiting == 0) reduce(u);
+    if (seen_[i] != expected_[i]) return;
+    reduce(i);
+    if (--u.waiting == 0) release(u);  // every gradient of the unit is final: its parameters are done
   }
 
   void backward_end(bool completed, bool outermost) override {
     if (!outermost) return;  // a dry run inside a backward is not the step's end
-    last_backward_order_ = completed ? std::move(backward_order_) : std::vector<std::size_t>{};
-    backward_order_.clear();
     drop_prefetches();
     if (!step_started_) return;
     if (!completed) {
       // Keep the communicators consistent: what was sent completes; nothing is added.
-      for (ShardedUnit& u : units_)
-        if (u.request != MPI_REQUEST_NULL) MPI_Wait(&u.request, MPI_STATUS_IGNORE);
+      for (Reduction& r : pending_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
       pending_.clear();
-      for (ShardedUnit& u : units_) u.flat_grads = u.rows = Tensor();
       end_step();
       return;
     }
     if (expected_.empty()) expected_ = seen_;
-    for (ShardedUnit& u : units_)
-      if (!u.reduced) reduce(u);
+    for (const ShardedUnit& u : units_)
+      for (const ShardedUnit::Entry& e : u.entries)
+        if (!reduced_[e.param]) reduce(e.param);
     progress(0);
+    for (ShardedUnit& u : units_) {
+      u.grads_fresh = false;  // a further backward before the optimizer's step adds to the shard
+      release(u);
+    }
     end_step();
   }
 
   void start_step() {
     step_started_ = true;
+    std::fill(reduced_.begin(), reduced_.end(), 0);
     for (ShardedUnit& u : units_) {
-      u.reduced = false;
       u.waiting = 0;
       if (!expected_.empty())
         for (const ShardedUnit::Entry& e : u.entries) u.waiting += expected_[e.param] > 0 ? 1 : 0;
@@ -509,55 +524,91 @@ class FullyShardedDataParallel : private remat::Observer {
     step_started_ = false;
   }
 
-  // The unit's local gradients leave .grad for a flat buffer; every rank gets every rank's copy
-  // of its shard; the parameters go back to their shards.
-  void reduce(ShardedUnit& u) {
-    u.flat_grads = Tensor(Shape{u.numel});
-    for (const ShardedUnit::Entry& e : u.entries) {
-      Tensor* p = params_[e.param];
-      const Tensor g = p->grad();
-      float* to = u.flat_grads.data() + e.offset;
-      if (g.defined()) std::copy(g.data(), g.data() + e.numel, to);
-      else std::fill(to, to + e.numel, 0.0f);
-      p->meta()->grad = Tensor();
+  // Parameter i's local gradient leaves its .grad (zeros if it has none) and is sent from where it
+  // lies: to each rank the piece of it in that rank's shard; this rank's own piece stays.
+  void reduce(std::size_t i) {
+    ShardedUnit& u = units_[unit_of_[i]];
+    const ShardedUnit::Entry& e = u.entries[entry_of_[i]];
+    Tensor* p = params_[i];
+    const int n = ctx_.world_size(), me = ctx_.rank();
+    Reduction r;
+    r.param = i;
+    r.local = p->grad().defined() ? p->grad() : zeros(Shape{e.numel});
+    REMAT_ASSERT(r.local.numel() == e.numel);
+    p->meta()->grad = Tensor();
+    auto piece = [&](int q) {  // the part of parameter i in rank q's shard, in the unit's range
+      const std::int64_t lo = u.shard_offset(q), from = std::max(lo, e.offset);
+      return std::make_pair(from, std::max(from, std::min(lo + u.shard_numel(q), e.offset + e.numel)));
+    };
+    std::tie(r.from, r.to) = piece(me);
+    const auto mine = static_cast<int>(r.to - r.from);
+    const auto size = static_cast<std::size_t>(n);
+    r.send_counts.assign(size, 0);
+    r.send_offsets.assign(size, 0);
+    r.recv_counts.assign(size, 0);
+    r.recv_offsets.assign(size, 0);
+    for (int q = 0; q < n; ++q) {
+      if (q == me) continue;
+      const auto [from, to] = piece(q);
+      const auto k = static_cast<std::size_t>(q);
+      r.send_counts[k] = static_cast<int>(to - from);
+      r.send_offsets[k] = static_cast<int>(from - e.offset);
+      r.recv_counts[k] = mine;
+      r.recv_offsets[k] = other_slot(q) * mine;
     }
-    const int n = ctx_.world_size();
-    u.rows = Tensor(Shape{u.shard_numel(ctx_.rank()) * n});
-    detail::check_mpi(MPI_Ialltoallv(u.flat_grads.data(), u.shards.counts.data(), u.shards.offsets.data(), MPI_FLOAT,
-                                     u.rows.data(), u.row_counts.data(), u.row_offsets.data(), MPI_FLOAT, reduce_comm_,
-                                     &u.request),
+    if (mine > 0 && n > 1) r.rows = Tensor(Shape{static_cast<std::int64_t>(mine) * (n - 1)});
+    static float nothing = 0;  // a receive buffer for no elements
+    detail::check_mpi(MPI_Ialltoallv(r.local.data(), r.send_counts.data(), r.send_offsets.data(), MPI_FLOAT,
+                                     r.rows.defined() ? r.rows.data() : &nothing, r.recv_counts.data(),
+                                     r.recv_offsets.data(), MPI_FLOAT, reduce_comm_, &r.request),
                       "MPI_Ialltoallv");
-    u.reduced = true;
+    reduced_[i] = 1;
     ++u.reductions;
-    release(u);
-    pending_.push_back(&u);
+    pending_.push_back(std::move(r));
     // Waits only to bound the buffers: a reduction completes when every rank has moved it on.
     progress(max_in_flight_);
   }
 
-  // Sums what has arrived, in the order sent, waiting until at most `in_flight` reductions remain.
+  // Where rank q's copy of this rank's piece lands among the other ranks' copies.
+  int other_slot(int q) const { return q < ctx_.rank() ? q : q - 1; }
+
+  // Finishes what has arrived, in the order sent, waiting until at most `in_flight` remain.
   void progress(std::size_t in_flight) {
-    std::size_t done_count = 0;
-    for (ShardedUnit* u : pending_) {
+    while (!pending_.empty()) {
+      Reduction& r = pending_.front();
       int done = 0;
-      if (pending_.size() - done_count > in_flight) {
-        detail::check_mpi(MPI_Wait(&u->request, MPI_STATUS_IGNORE), "MPI_Wait");
+      if (pending_.size() > in_flight) {
+        detail::check_mpi(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
         done = 1;
       } else {
-        detail::check_mpi(MPI_Test(&u->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        detail::check_mpi(MPI_Test(&r.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
       }
       if (!done) break;
-      const int n = ctx_.world_size(), mine = static_cast<int>(u->shard_numel(ctx_.rank()));
-      Tensor mean(Shape{mine});
-      detail::sum_rows_in_rank_order(u->rows.data(), n, mine, mean.data());
-      remat::detail::flat(mean) /= static_cast<float>(n);
-      if (u->grads_fresh) remat::detail::flat(u->grads) = remat::detail::flat(mean);
-      else remat::detail::flat(u->grads) += remat::detail::flat(mean);
-      u->grads_fresh = false;
-      u->flat_grads = u->rows = Tensor();
-      ++done_count;
+      average_into_shard(r);
+      pending_.pop_front();
     }
-    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done_count));
+  }
+
+  // Every rank's copy of this rank's piece, added in rank order and divided by N: the bits one
+  // process gets adding the ranks' micro-batch gradients in that order.
+  void average_into_shard(const Reduction& r) {
+    const auto count = r.to - r.from;
+    if (count <= 0) return;
+    ShardedUnit& u = units_[unit_of_[r.param]];
+    const ShardedUnit::Entry& e = u.entries[entry_of_[r.param]];
+    const int n = ctx_.world_size(), me = ctx_.rank();
+    using ConstVec = Eigen::Map<const Eigen::ArrayXf>;
+    auto copy_of = [&](int q) {
+      return ConstVec(q == me ? r.local.data() + (r.from - e.offset) : r.rows.data() + other_slot(q) * count, count);
+    };
+    Tensor mean(Shape{count});
+    Eigen::Map<Eigen::ArrayXf> sum(mean.data(), count);
+    sum = copy_of(0);
+    for (int q = 1; q < n; ++q) sum += copy_of(q);
+    sum /= static_cast<float>(n);
+    Eigen::Map<Eigen::ArrayXf> shard(u.grads.data() + (r.from - u.shard_offset(me)), count);
+    if (u.grads_fresh) shard = sum;
+    else shard += sum;
   }
 
   std::string describe() const {
@@ -576,14 +627,15 @@ class FullyShardedDataParallel : private remat::Observer {
   std::vector<std::shared_ptr<const std::string>> away_;  ///< per parameter: the error a read meets while sharded
   std::vector<ShardedUnit> units_;
   std::vector<int> seen_, expected_;  ///< per parameter: contributions this step, and in the first
+  std::vector<char> reduced_;         ///< per parameter: its reduction this step has started
+  std::vector<std::size_t> entry_of_;  ///< per parameter: its place in its unit's entries
   bool step_started_ = false;
   int pinned_ = 0;  ///< FullParameters alive: nothing is released
   bool prefetch_;
   std::size_t max_in_flight_;
-  std::vector<std::size_t> backward_order_, last_backward_order_;  ///< blocks gathered in backward, in order
   std::int64_t unused_prefetches_ = 0;
-  ShardedMemory peak_;
-  std::vector<ShardedUnit*> pending_;  ///< reductions in flight, in the order sent
+  ShardedMemory peak_, peak_state_;
+  std::deque<Reduction> pending_;  ///< reductions in flight, in the order sent
   MPI_Comm gather_comm_ = MPI_COMM_NULL, reduce_comm_ = MPI_COMM_NULL;
 };
 
