@@ -5,6 +5,7 @@
 //   --mode blocks|none|... --bucket-mb 25 --first-bucket-mb 1 --steps 6 --warmup 2 --model 0|1
 //   ZeRO stages:    mpirun -np 2 bench_dist_step --zero all   (DDP, ZeRO-1 and ZeRO-3 alternating, step times)
 //                   mpirun -np 2 bench_dist_step --zero 3     (one of 0, 1, 3 alone: its memory per rank)
+//                   --in-flight K: ZeRO-3 parameters whose gradient reduction may be in flight at once
 //
 // Under mpirun, steps alternate between reductions overlapping backward and all reductions after
 // backward; the exposed wait of each (DataParallel::last_exposed_seconds) gives the fraction of
@@ -101,13 +102,17 @@ std::vector<double> buckets_of(double total_bytes, double first, double cap) {
 
 /// One way of training the same GPT on every rank: DDP (ZeRO-0), ZeRO-1 or ZeRO-3.
 struct ZeroRun {
-  ZeroRun(int stage, dist::Context& world, const nn::GPTConfig& cfg, const std::string& mode) : stage(stage) {
+  ZeroRun(int stage, dist::Context& world, const nn::GPTConfig& cfg, const std::string& mode,
+          std::size_t reductions_in_flight)
+      : stage(stage) {
     Generator gen(0);
     model = std::make_unique<nn::GPT>(cfg, gen);
     apply_checkpointing(*model, policy::parse(mode));
     const optim::AdamWOptions adamw{1e-4};
     if (stage == 3) {
-      fsdp.emplace(world, *model);
+      dist::FullyShardedOptions options;
+      options.reductions_in_flight = reductions_in_flight;
+      fsdp.emplace(world, *model, options);
       opt = std::make_unique<dist::FullyShardedAdamW>(*fsdp, model->parameters(), adamw);
     } else {
       dist::DataParallelOptions options;
@@ -126,12 +131,19 @@ struct ZeroRun {
   ZeroRun& operator=(const ZeroRun&) = delete;
 
   double step(const LongTensor& idx, const LongTensor& targets) {
+    if (fsdp) fsdp->reset_peak_memory();
     const auto t0 = Clock::now();
     model->loss(idx, targets).backward();
     opt->step();
     opt->zero_grad();
-    return seconds_since(t0);
+    const double t = seconds_since(t0);
+    if (fsdp) {  // parameters, gradients and gathered blocks at their own peak, with the optimizer's state
+      const std::size_t moments = static_cast<const dist::FullyShardedAdamW&>(*opt).state_bytes();
+      model_state_peak = std::max(model_state_peak, fsdp->peak_model_state().model_state() + moments);
+    }
+    return t;
   }
+  std::size_t model_state_peak = 0;  ///< ZeRO-3, over the steps so far (the first step apart: see compare_zero)
 
   int stage;
   std::unique_ptr<nn::GPT> model;
@@ -148,13 +160,15 @@ int compare_zero(dist::Context& world, bench::Flags& a, const nn::GPTConfig& cfg
   const std::vector<int> stages = a["zero"] == "all" ? std::vector<int>{0, 1, 3} : std::vector<int>{std::stoi(a["zero"])};
   const std::size_t baseline = memory_stats().live_bytes;
   std::vector<std::unique_ptr<ZeroRun>> runs;
-  for (int stage : stages) runs.push_back(std::make_unique<ZeroRun>(stage, world, cfg, a["mode"]));
+  const auto in_flight = static_cast<std::size_t>(std::stoul(a["in-flight"]));
+  for (int stage : stages) runs.push_back(std::make_unique<ZeroRun>(stage, world, cfg, a["mode"], in_flight));
   std::vector<std::vector<double>> times(runs.size());
   std::size_t between = 0, peak = 0;
   for (int s = 0; s < warmup + steps; ++s)
     for (std::size_t r = 0; r < runs.size(); ++r) {
       world.barrier();
       MemoryScope scope;
+      if (s == warmup) runs[r]->model_state_peak = 0;  // warm-up steps apart (the first keeps every block)
       const double t = runs[r]->step(idx, targets);
       if (s < warmup) continue;
       times[r].push_back(t);
@@ -176,9 +190,12 @@ int compare_zero(dist::Context& world, bench::Flags& a, const nn::GPTConfig& cfg
             if (u.root) root = u.numel;
             else largest = std::max(largest, u.numel);
           }
+          const double formula = 16 * psi / world.world_size() + 2.0 * sizeof(float) * static_cast<double>(largest);
           fmt::print(", \"root_parameters\": {}, \"largest_unit_parameters\": {}, \"sixteen_psi_over_n\": {:.0f}, "
-                     "\"gathers_per_step\": {:.2f}", root, largest, 16 * psi / world.world_size(),
-                     static_cast<double>(runs[r]->fsdp->gathers()) / (warmup + steps));
+                     "\"gathers_per_step\": {:.2f}, \"model_state_peak_bytes\": {}, \"sixteen_psi_over_n_plus_two_units\": "
+                     "{:.0f}, \"model_state_over_that\": {:.4f}", root, largest, 16 * psi / world.world_size(),
+                     static_cast<double>(runs[r]->fsdp->gathers()) / (warmup + steps), runs[r]->model_state_peak,
+                     formula, static_cast<double>(runs[r]->model_state_peak) / formula);
         }
       }
       fmt::print("}}\n");
@@ -199,7 +216,7 @@ int main(int argc, char** argv) {
                                         {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                          {"batch", "16"}, {"vocab", "256"}, {"mode", "blocks"}, {"steps", "6"},
                                          {"warmup", "2"}, {"threads", "1"}, {"model", "0"},
-                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}, {"zero", ""}},
+                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}, {"zero", ""}, {"in-flight", "1"}},
                                         "dist_step");
     set_num_threads(std::stoi(a["threads"]));
     const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;
