@@ -137,10 +137,7 @@ struct ZeroRun {
     opt->step();
     opt->zero_grad();
     const double t = seconds_since(t0);
-    if (fsdp) {  // parameters, gradients and gathered blocks at their own peak, with the optimizer's state
-      const std::size_t moments = static_cast<const dist::FullyShardedAdamW&>(*opt).state_bytes();
-      model_state_peak = std::max(model_state_peak, fsdp->peak_model_state().model_state() + moments);
-    }
+    if (fsdp) model_state_peak = std::max(model_state_peak, fsdp->peak_model_state().model_state());
     return t;
   }
   std::size_t model_state_peak = 0;  ///< ZeRO-3, over the steps so far (the first step apart: see compare_zero)

@@ -604,10 +604,9 @@ class DataParallelism {
       if (world_->rank() == 0)
         fmt::print("ZeRO-3, rank 0 at the last step's peak: {} live = parameters {} + gradients {} + optimizer state {} + "
                    "activations saved {} + gathered blocks {} + the rest {}\n", human_bytes(m.live),
-                   human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(fsdp_adamw_->state_bytes()),
+                   human_bytes(m.parameters), human_bytes(m.gradients), human_bytes(m.optimizer),
                    human_bytes(m.activations), human_bytes(m.gathered),
-                   human_bytes(m.live - m.parameters - m.gradients - fsdp_adamw_->state_bytes() - m.activations -
-                               m.gathered));
+                   human_bytes(m.live - m.model_state() - m.activations));
       optimizer_ = nullptr;
       fsdp_adamw_.reset();
       fsdp_.reset();

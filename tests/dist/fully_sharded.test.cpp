@@ -176,9 +176,8 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
       opt.step();
       opt.zero_grad();
       CHECK(fsdp.gathered_units() == 0);
-      if (step == 0) continue;  // the first step keeps what backward gathered until its end (it learns
-                                // when gradients are final)
-      CHECK(watch.most == 1);
+      INFO("step " << step);
+      CHECK(watch.most == 1);  // the first step too: a node before each block's ops frees it in backward
       // At the peak: this rank's shards and the root whole; a block gathered and the next arriving.
       const dist::ShardedMemory& peak = fsdp.peak_memory();
       CHECK(peak.parameters == shard_bytes + root_bytes);
@@ -186,15 +185,17 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
       CHECK(peak.live >= peak.parameters + peak.gradients + peak.gathered + peak.activations);
       // The model state at its own peak: the shards (parameters and gradients), the root, two blocks,
       // and one parameter's gradient on its way (its local copy and the other ranks' copies of this
-      // rank's piece of it) — never a whole block's gradients waiting for their last one.
+      // rank's piece of it) — never a whole block's gradients waiting for their last one, but in
+      // the first step, which learns when each is final and reduces a block's at its backward's end.
       const dist::ShardedMemory& state = fsdp.peak_model_state();
       INFO("at the model state's peak: parameters " << state.parameters << ", gradients " << state.gradients
            << ", gathered " << state.gathered << "; shards " << shard_bytes << ", root " << root_bytes << ", block "
            << block_bytes << ", one reduction at most " << one_reduction);
       CHECK(state.model_state() >= peak.model_state());
+      CHECK(state.optimizer == (step == 0 ? 0 : opt.state_bytes()));  // the moments, from the first update on
       CHECK(state.parameters == shard_bytes + root_bytes);
       CHECK(state.gathered <= 2 * block_bytes);
-      CHECK(state.gradients <= shard_bytes + one_reduction);
+      CHECK(state.gradients <= shard_bytes + one_reduction + (step == 0 ? block_bytes : 0));
       if (n <= 3) CHECK(one_reduction < block_bytes);  // (4 ranks of so tiny a model: a shard is under a weight)
     }
   }

@@ -23,8 +23,8 @@
 // of a parameter's gradient (all-to-all, sent from the .grad where it lies), adds them to its own
 // in rank order and divides by N, as DataParallel does; AdamW's element-wise update does not care
 // where a shard begins (optim::AdamWStep). A parameter's gradient is final when it has taken as
-// many contributions as in the first step (which reduces everything at its end, in unit order,
-// and learns the counts). Reducing parameter by parameter rather than unit by unit keeps a unit's
+// many contributions as in the first step, which learns the counts; in it, a node recorded before a
+// block's ops (so run after all of them in backward) reduces the block's gradients and frees it. Reducing parameter by parameter rather than unit by unit keeps a unit's
 // whole local gradient from waiting for its last parameter: what is in flight is one parameter.
 
 #include <algorithm>
@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -69,16 +70,16 @@ struct FullyShardedOptions {
 };
 
 /// A rank's bytes by kind at one moment: when its live bytes peaked, or its model state
-/// (FullyShardedDataParallel samples them at every op and backward op); the optimizer's state is
-/// its own (state_bytes()).
+/// (FullyShardedDataParallel samples them at every op and backward op).
 struct ShardedMemory {
   std::size_t live = 0;         ///< all the allocator's live bytes then
   std::size_t parameters = 0;   ///< the parameters' shards, and the root unit whole
   std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad not yet final
   std::size_t gathered = 0;     ///< blocks' parameters gathered, and prefetches in flight
+  std::size_t optimizer = 0;    ///< the FullyShardedAdamW's moments (none before its first step)
   std::size_t activations = 0;  ///< saved for backward (memory_stats().saved_activation_bytes)
-  /// The model's state apart from the optimizer's: parameters, gradients and gathered blocks.
-  std::size_t model_state() const { return parameters + gradients + gathered; }
+  /// The model state: parameters, gradients, optimizer state and gathered blocks.
+  std::size_t model_state() const { return parameters + gradients + optimizer + gathered; }
 };
 
 /// A unit: parameters gathered together and sharded together, laid end to end in one flat range.
@@ -327,7 +328,7 @@ class FullyShardedDataParallel : private remat::Observer {
   // Block i: gathered around its forward, and again before its backward if freed meanwhile.
   Tensor run_unit(std::size_t i, const nn::Block& f, const Tensor& x) {
     gather(units_[i]);
-    Tensor y = f(x);
+    Tensor y = f(expected_.empty() ? mark_block_start(i, x) : x);
     const remat::detail::Session& s = remat::detail::session();
     const bool backward_follows = s.backward_depth > 0 && s.recording && s.grad_enabled;
     if (!backward_follows) release(units_[i]);
@@ -339,6 +340,26 @@ class FullyShardedDataParallel : private remat::Observer {
       ctx.accumulate(0, Tensor(ctx.grad_output().storage(), ctx.grad_output().shape()));
     });
     return out;
+  }
+
+  // The first step, before the counts are known: x's data under a node recorded before any of the
+  // block's ops, so backward (walking the tape in reverse) runs it after all of them — when every
+  // gradient of the block is final. Its backward reduces them and frees the block.
+  Tensor mark_block_start(std::size_t i, const Tensor& x) {
+    if (!remat::detail::grad_needed(x)) return x;  // then the step's end reduces the block
+    Tensor out(x.storage(), x.shape());
+    remat::detail::record<float>("fsdp_block_done", {x}, {&out}, {}, [this, i](remat::detail::BackwardContext<float>& ctx) {
+      block_done(i);
+      ctx.accumulate(0, Tensor(ctx.grad_output().storage(), ctx.grad_output().shape()));
+    });
+    return out;
+  }
+  void block_done(std::size_t i) {
+    if (!expected_.empty() || remat::detail::session().discard_leaf_grads) return;  // counts decide; a dry run
+    if (!step_started_) start_step();
+    for (const ShardedUnit::Entry& e : units_[i].entries)
+      if (!reduced_[e.param]) reduce(e.param);
+    release(units_[i]);
   }
 
   // This rank's shard of every rank's `shard` laid end to end (a counted tensor of the unit's size).
@@ -462,6 +483,7 @@ class FullyShardedDataParallel : private remat::Observer {
       }
     }
     for (const Reduction& r : pending_) m.gradients += r.local.nbytes() + (r.rows.defined() ? r.rows.nbytes() : 0);
+    if (optimizer_bytes_) m.optimizer = optimizer_bytes_();
     if (m.live > peak_.live) peak_ = m;
     if (m.model_state() > peak_state_.model_state()) peak_state_ = m;
   }
@@ -477,8 +499,11 @@ class FullyShardedDataParallel : private remat::Observer {
     const std::size_t i = it->second;
     if (!step_started_) start_step();
     ++seen_[i];
-    if (expected_.empty()) return;  // the first step learns the counts
     ShardedUnit& u = units_[unit_of_[i]];
+    REMAT_CHECK(!reduced_[i] || !expected_.empty(), "FullyShardedDataParallel: parameter '{}' of {} took a gradient "
+                "after the backward of its block ended (its gradient was reduced then): a block's parameters must be "
+                "used inside the block only", names_[i], u.name);
+    if (expected_.empty()) return;  // the first step learns the counts
     REMAT_CHECK(!reduced_[i], "FullyShardedDataParallel: parameter '{}' of {} took a gradient after its gradient was "
                 "reduced: it took {} contribution(s) in the first step and {} in this one. The graph must use each "
                 "parameter as often in every step", names_[i], u.name, expected_[i], seen_[i]);
@@ -635,6 +660,7 @@ class FullyShardedDataParallel : private remat::Observer {
   std::size_t max_in_flight_;
   std::int64_t unused_prefetches_ = 0;
   ShardedMemory peak_, peak_state_;
+  std::function<std::size_t()> optimizer_bytes_;  ///< set by the FullyShardedAdamW on this wrapper while it lives
   std::deque<Reduction> pending_;  ///< reductions in flight, in the order sent
   MPI_Comm gather_comm_ = MPI_COMM_NULL, reduce_comm_ = MPI_COMM_NULL;
 };

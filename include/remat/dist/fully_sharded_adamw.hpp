@@ -28,7 +28,12 @@ class FullyShardedAdamW : public detail::ShardedAdamWBase {
   /// Parameter groups, each with its own weight decay; opt.weight_decay is not used.
   FullyShardedAdamW(FullyShardedDataParallel& fsdp, std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt)
       : ShardedAdamWBase(fsdp.context(), fsdp.parameters(), fsdp.names(), std::move(groups), opt, "FullyShardedAdamW"),
-        fsdp_(fsdp) {}
+        fsdp_(fsdp) {
+    fsdp_.optimizer_bytes_ = [this] { return state_bytes(); };  // in its memory breakdowns
+  }
+  ~FullyShardedAdamW() override { fsdp_.optimizer_bytes_ = nullptr; }
+  FullyShardedAdamW(const FullyShardedAdamW&) = delete;
+  FullyShardedAdamW& operator=(const FullyShardedAdamW&) = delete;
 
   /// Updates this rank's shards (a collective: the root unit's new values are gathered).
   void step() override {
