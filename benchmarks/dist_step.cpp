@@ -140,7 +140,7 @@ struct ZeroRun {
     if (fsdp) model_state_peak = std::max(model_state_peak, fsdp->peak_model_state().model_state());
     return t;
   }
-  std::size_t model_state_peak = 0;  ///< ZeRO-3, over the steps so far (the first step apart: see compare_zero)
+  std::size_t model_state_peak = 0;  ///< ZeRO-3, over the steps measured (compare_zero resets it after warm-up)
 
   int stage;
   std::unique_ptr<nn::GPT> model;
@@ -165,7 +165,7 @@ int compare_zero(dist::Context& world, bench::Flags& a, const nn::GPTConfig& cfg
     for (std::size_t r = 0; r < runs.size(); ++r) {
       world.barrier();
       MemoryScope scope;
-      if (s == warmup) runs[r]->model_state_peak = 0;  // warm-up steps apart (the first keeps every block)
+      if (s == warmup) runs[r]->model_state_peak = 0;  // warm-up steps apart (the first has no moments yet)
       const double t = runs[r]->step(idx, targets);
       if (s < warmup) continue;
       times[r].push_back(t);

@@ -201,6 +201,45 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
   }
 }
 
+TEST_CASE("dist: in ZeRO-3's first step, a model run twice before one backward, and remat::grad(), are exact",
+          "[dist][fsdp]") {
+  const int n = world().world_size();
+  // One process: each rank's gradient of its loss of two micro-batches (each parameter takes two
+  // contributions), the ranks' added in rank order, divided by N.
+  Generator init(5);
+  nn::GPT plain(tiny_gpt(), init);
+  std::vector<Tensor> expected;
+  for (int r = 0; r < n; ++r) {
+    for (Tensor* p : plain.parameters()) p->zero_grad();
+    (micro_batch_loss(plain, 0, r, false) + micro_batch_loss(plain, 1, r, false)).backward();
+    const std::vector<Tensor> mine = copies(plain.parameters(), true);
+    if (r == 0) expected = mine;
+    else
+      for (std::size_t i = 0; i < mine.size(); ++i) detail::flat(expected[i]) += detail::flat(mine[i]);
+  }
+  for (Tensor& g : expected) detail::flat(g) /= static_cast<float>(n);
+  for (const std::string policy : {"none", "blocks", "binomial:3"}) {
+    INFO("policy " << policy);
+    Generator again(5);
+    nn::GPT model(tiny_gpt(), again);
+    apply_checkpointing(model, policy::parse(policy));
+    dist::FullyShardedDataParallel fsdp(world(), model);
+    // grad() first: it takes the gradients itself, and must leave the shards and the counts alone.
+    const Tensor probe = micro_batch_loss(model, 0, world().rank(), false);
+    const std::vector<Tensor> through_grad = grad(probe, {*fsdp.parameters()[0]});
+    CHECK(through_grad[0].defined());
+    // Every block runs twice before the step's one backward: each is reduced once both are done.
+    (micro_batch_loss(model, 0, world().rank(), false) + micro_batch_loss(model, 1, world().rank(), false)).backward();
+    fsdp.gather_gradients();
+    const std::vector<Tensor> got = copies(model.parameters(), true);
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(bitwise_equal(got[i], expected[i]));
+    }
+    CHECK(fsdp.gathered_units() == 0);
+  }
+}
+
 TEST_CASE("dist: a tied embedding is one parameter under ZeRO-3, trained bitwise as under ZeRO-1", "[dist][fsdp]") {
   nn::GPTConfig cfg = tiny_gpt();
   cfg.tie_weights = true;

@@ -24,7 +24,8 @@
 // in rank order and divides by N, as DataParallel does; AdamW's element-wise update does not care
 // where a shard begins (optim::AdamWStep). A parameter's gradient is final when it has taken as
 // many contributions as in the first step, which learns the counts; in it, a node recorded before a
-// block's ops (so run after all of them in backward) reduces the block's gradients and frees it. Reducing parameter by parameter rather than unit by unit keeps a unit's
+// block's ops (so run after all of them in backward) reduces the block's gradients and frees it
+// once it has run as often as the block ran forward. Reducing parameter by parameter rather than unit by unit keeps a unit's
 // whole local gradient from waiting for its last parameter: what is in flight is one parameter.
 
 #include <algorithm>
@@ -32,7 +33,6 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -47,6 +47,7 @@
 #include "remat/core/node.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/dist/context.hpp"
+#include "remat/dist/sharded_adamw_base.hpp"
 #include "remat/nn/blocks.hpp"
 #include "remat/nn/gpt.hpp"
 #include "remat/nn/module.hpp"
@@ -167,6 +168,8 @@ class FullyShardedDataParallel : private remat::Observer {
     if (options.broadcast_parameters) broadcast_parameters(ctx_, params_);
     seen_.assign(params_.size(), 0);
     reduced_.assign(params_.size(), 0);
+    forward_runs_.assign(blocks.size() + 1, 0);
+    reversed_.assign(blocks.size() + 1, 0);
     entry_of_.resize(params_.size());
     for (const ShardedUnit& u : units_)
       for (std::size_t k = 0; k < u.entries.size(); ++k) entry_of_[u.entries[k].param] = k;
@@ -343,10 +346,14 @@ class FullyShardedDataParallel : private remat::Observer {
   }
 
   // The first step, before the counts are known: x's data under a node recorded before any of the
-  // block's ops, so backward (walking the tape in reverse) runs it after all of them — when every
-  // gradient of the block is final. Its backward reduces them and frees the block.
+  // block's ops, so backward (walking the tape in reverse) runs it after all of them. Once it has
+  // run as often as the block ran forward with grad enabled (a model run twice before one
+  // backward has two), every gradient of the block is final: block_done reduces them and frees
+  // the block. A block whose count is never reached is reduced at the step's end.
   Tensor mark_block_start(std::size_t i, const Tensor& x) {
-    if (!remat::detail::grad_needed(x)) return x;  // then the step's end reduces the block
+    const remat::detail::Session& s = remat::detail::session();
+    if (s.backward_depth == 0 && s.grad_enabled) ++forward_runs_[i];
+    if (!remat::detail::grad_needed(x)) return x;
     Tensor out(x.storage(), x.shape());
     remat::detail::record<float>("fsdp_block_done", {x}, {&out}, {}, [this, i](remat::detail::BackwardContext<float>& ctx) {
       block_done(i);
@@ -355,7 +362,11 @@ class FullyShardedDataParallel : private remat::Observer {
     return out;
   }
   void block_done(std::size_t i) {
-    if (!expected_.empty() || remat::detail::session().discard_leaf_grads) return;  // counts decide; a dry run
+    const remat::detail::Session& s = remat::detail::session();
+    // Not in later steps (the counts decide), a planner's dry run, or remat::grad() (leaf
+    // gradients go to its caller, not to .grad).
+    if (!expected_.empty() || s.discard_leaf_grads || s.grad_capture != nullptr) return;
+    if (++reversed_[i] < forward_runs_[i]) return;
     if (!step_started_) start_step();
     for (const ShardedUnit::Entry& e : units_[i].entries)
       if (!reduced_[e.param]) reduce(e.param);
@@ -483,7 +494,7 @@ class FullyShardedDataParallel : private remat::Observer {
       }
     }
     for (const Reduction& r : pending_) m.gradients += r.local.nbytes() + (r.rows.defined() ? r.rows.nbytes() : 0);
-    if (optimizer_bytes_) m.optimizer = optimizer_bytes_();
+    if (optimizer_) m.optimizer = optimizer_->state_bytes();
     if (m.live > peak_.live) peak_ = m;
     if (m.model_state() > peak_state_.model_state()) peak_state_ = m;
   }
@@ -515,9 +526,12 @@ class FullyShardedDataParallel : private remat::Observer {
   void backward_end(bool completed, bool outermost) override {
     if (!outermost) return;  // a dry run inside a backward is not the step's end
     drop_prefetches();
+    std::fill(forward_runs_.begin(), forward_runs_.end(), 0);
+    std::fill(reversed_.begin(), reversed_.end(), 0);
     if (!step_started_) return;
     if (!completed) {
-      // Keep the communicators consistent: what was sent completes; nothing is added.
+      // Keep the communicators consistent: what was sent completes, and nothing more is added (the
+      // reductions that completed during it are in the shards; their .grad is gone).
       for (Reduction& r : pending_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
       pending_.clear();
       end_step();
@@ -577,7 +591,7 @@ class FullyShardedDataParallel : private remat::Observer {
       const auto [from, to] = piece(q);
       const auto k = static_cast<std::size_t>(q);
       r.send_counts[k] = static_cast<int>(to - from);
-      r.send_offsets[k] = static_cast<int>(from - e.offset);
+      r.send_offsets[k] = to > from ? static_cast<int>(from - e.offset) : 0;
       r.recv_counts[k] = mine;
       r.recv_offsets[k] = other_slot(q) * mine;
     }
@@ -654,13 +668,14 @@ class FullyShardedDataParallel : private remat::Observer {
   std::vector<int> seen_, expected_;  ///< per parameter: contributions this step, and in the first
   std::vector<char> reduced_;         ///< per parameter: its reduction this step has started
   std::vector<std::size_t> entry_of_;  ///< per parameter: its place in its unit's entries
+  std::vector<int> forward_runs_, reversed_;  ///< per unit, in the first step: forward runs, block_done calls
   bool step_started_ = false;
   int pinned_ = 0;  ///< FullParameters alive: nothing is released
   bool prefetch_;
   std::size_t max_in_flight_;
   std::int64_t unused_prefetches_ = 0;
   ShardedMemory peak_, peak_state_;
-  std::function<std::size_t()> optimizer_bytes_;  ///< set by the FullyShardedAdamW on this wrapper while it lives
+  const detail::ShardedAdamWBase* optimizer_ = nullptr;  ///< the FullyShardedAdamW on this wrapper, while it lives
   std::deque<Reduction> pending_;  ///< reductions in flight, in the order sent
   MPI_Comm gather_comm_ = MPI_COMM_NULL, reduce_comm_ = MPI_COMM_NULL;
 };

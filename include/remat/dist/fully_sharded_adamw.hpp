@@ -29,9 +29,12 @@ class FullyShardedAdamW : public detail::ShardedAdamWBase {
   FullyShardedAdamW(FullyShardedDataParallel& fsdp, std::vector<optim::ParamGroup> groups, optim::AdamWOptions opt)
       : ShardedAdamWBase(fsdp.context(), fsdp.parameters(), fsdp.names(), std::move(groups), opt, "FullyShardedAdamW"),
         fsdp_(fsdp) {
-    fsdp_.optimizer_bytes_ = [this] { return state_bytes(); };  // in its memory breakdowns
+    fsdp_.optimizer_ = this;  // its moments, in the wrapper's memory breakdowns
   }
-  ~FullyShardedAdamW() override { fsdp_.optimizer_bytes_ = nullptr; }
+  /// Destroy it before its wrapper (the reverse order of construction).
+  ~FullyShardedAdamW() override {
+    if (fsdp_.optimizer_ == this) fsdp_.optimizer_ = nullptr;
+  }
   FullyShardedAdamW(const FullyShardedAdamW&) = delete;
   FullyShardedAdamW& operator=(const FullyShardedAdamW&) = delete;
 
