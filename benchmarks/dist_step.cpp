@@ -6,6 +6,8 @@
 //   ZeRO stages:    mpirun -np 2 bench_dist_step --zero all   (DDP, ZeRO-1 and ZeRO-3 alternating, step times)
 //                   mpirun -np 2 bench_dist_step --zero 3     (one of 0, 1, 3 alone: its memory per rank)
 //                   --in-flight K: ZeRO-3 parameters whose gradient reduction may be in flight at once
+//                   --prefetch within|eager: ZeRO-3 starts a prefetch when it fits within two blocks
+//                                             (the default), or as soon as the order names the block
 //
 // Under mpirun, steps alternate between reductions overlapping backward and all reductions after
 // backward; the exposed wait of each (DataParallel::last_exposed_seconds) gives the fraction of
@@ -103,7 +105,7 @@ std::vector<double> buckets_of(double total_bytes, double first, double cap) {
 /// One way of training the same GPT on every rank: DDP (ZeRO-0), ZeRO-1 or ZeRO-3.
 struct ZeroRun {
   ZeroRun(int stage, dist::Context& world, const nn::GPTConfig& cfg, const std::string& mode,
-          std::size_t reductions_in_flight)
+          std::size_t reductions_in_flight, bool prefetch_within_two_units)
       : stage(stage) {
     Generator gen(0);
     model = std::make_unique<nn::GPT>(cfg, gen);
@@ -112,6 +114,7 @@ struct ZeroRun {
     if (stage == 3) {
       dist::FullyShardedOptions options;
       options.reductions_in_flight = reductions_in_flight;
+      options.prefetch_within_two_units = prefetch_within_two_units;
       fsdp.emplace(world, *model, options);
       opt = std::make_unique<dist::FullyShardedAdamW>(*fsdp, model->parameters(), adamw);
     } else {
@@ -158,7 +161,10 @@ int compare_zero(dist::Context& world, bench::Flags& a, const nn::GPTConfig& cfg
   const std::size_t baseline = memory_stats().live_bytes;
   std::vector<std::unique_ptr<ZeroRun>> runs;
   const auto in_flight = static_cast<std::size_t>(std::stoul(a["in-flight"]));
-  for (int stage : stages) runs.push_back(std::make_unique<ZeroRun>(stage, world, cfg, a["mode"], in_flight));
+  REMAT_CHECK(a["prefetch"] == "within" || a["prefetch"] == "eager", "dist_step: --prefetch is within or eager, got '{}'",
+              a["prefetch"]);
+  for (int stage : stages)
+    runs.push_back(std::make_unique<ZeroRun>(stage, world, cfg, a["mode"], in_flight, a["prefetch"] == "within"));
   std::vector<std::vector<double>> times(runs.size());
   std::size_t between = 0, peak = 0;
   for (int s = 0; s < warmup + steps; ++s)
@@ -213,7 +219,8 @@ int main(int argc, char** argv) {
                                         {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                          {"batch", "16"}, {"vocab", "256"}, {"mode", "blocks"}, {"steps", "6"},
                                          {"warmup", "2"}, {"threads", "1"}, {"model", "0"},
-                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}, {"zero", ""}, {"in-flight", "1"}},
+                                         {"bucket-mb", "25"}, {"first-bucket-mb", "1"}, {"zero", ""}, {"in-flight", "1"},
+                                          {"prefetch", "within"}},
                                         "dist_step");
     set_num_threads(std::stoi(a["threads"]));
     const int rank = world ? world->rank() : 0, ranks = world ? world->world_size() : 1;

@@ -30,6 +30,13 @@ struct Gathers {
   std::int64_t unused = 0;
 };
 
+/// Prefetches started as soon as the order names a block, however much is here.
+dist::FullyShardedOptions unbounded_prefetch() {
+  dist::FullyShardedOptions o;
+  o.prefetch_within_two_units = false;
+  return o;
+}
+
 /// N ranks under ZeRO-3: rank r runs micro-batch r of each step under `policy`. `mixed`: each
 /// forward under remat::autocast (backward outside it).
 Trajectory fully_sharded(const std::string& policy, int steps, Gathers* gathers = nullptr, bool mixed = false,
@@ -83,6 +90,12 @@ TEST_CASE("dist: ZeRO-3 gives the gradients and weights of one process accumulat
     INFO("policy " << policy << ", without prefetching");
     check_same_trajectory(fully_sharded(policy, steps, nullptr, false, no_prefetch), expected, steps);
   }
+  dist::FullyShardedOptions eager = unbounded_prefetch();
+  eager.reductions_in_flight = 3;
+  for (const std::string policy : {"none", "binomial:3"}) {
+    INFO("policy " << policy << ", prefetching as soon as the order names a block, three reductions in flight");
+    check_same_trajectory(fully_sharded(policy, steps, nullptr, false, eager), expected, steps);
+  }
 }
 
 TEST_CASE("dist: under autocast, ZeRO-3 gives the gradients and weights of one process accumulating the ranks' "
@@ -99,7 +112,7 @@ TEST_CASE("dist: ZeRO-3 gathers each block twice a step, with or without per-blo
   for (const std::string policy : {"none", "blocks", "selective"}) {
     INFO("policy " << policy);
     Gathers gathers;
-    fully_sharded(policy, 3, &gathers);
+    fully_sharded(policy, 3, &gathers, false, unbounded_prefetch());
     const auto blocks = static_cast<std::int64_t>(tiny_gpt().n_layer);
     for (std::size_t s = 0; s < gathers.per_unit.size(); ++s) {
       const std::vector<std::int64_t>& step = gathers.per_unit[s];
@@ -117,7 +130,7 @@ TEST_CASE("dist: under a chain schedule, ZeRO-3 prefetches in the plan's order f
   for (const std::string policy : {"binomial:2", "binomial:3", "uniform:2", "sqrt"}) {
     INFO("policy " << policy);
     Gathers gathers;
-    fully_sharded(policy, 2, &gathers);
+    fully_sharded(policy, 2, &gathers, false, unbounded_prefetch());
     for (std::size_t s = 0; s < gathers.per_unit.size(); ++s) {
       INFO("step " << s);
       std::int64_t total = 0;
@@ -140,65 +153,76 @@ struct GatheredAtOnce : Observer {
   std::size_t most = 0;
 };
 
-TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the rest", "[dist][fsdp]") {
-  for (const std::string policy : {"none", "blocks"}) {
-    INFO("policy " << policy);
-    Generator init(5);
-    nn::GPT model(tiny_gpt(), init);
-    apply_checkpointing(model, policy::parse(policy));
-    dist::FullyShardedDataParallel fsdp(world(), model);
-    dist::FullyShardedAdamW opt(fsdp, gpt_groups(model), kAdamW);
-    const int n = world().world_size();
-    for (const dist::ShardedUnit& u : fsdp.units()) {
-      CHECK(u.params.numel() == u.shard_numel(world().rank()));
-      CHECK(u.params.numel() <= u.numel / n + 1);
-      for (const dist::ShardedUnit::Entry& e : u.entries)
-        CHECK(fsdp.parameters()[e.param]->storage()->resident() == u.root);
-    }
-    std::size_t shard_bytes = 0, root_bytes = 0, block_bytes = 0;
-    for (const dist::ShardedUnit& u : fsdp.units()) {
-      shard_bytes += u.params.nbytes();
-      (u.root ? root_bytes : block_bytes) = static_cast<std::size_t>(u.numel) * sizeof(float);
-    }
-    // The most one parameter's reduction holds on this rank: its local gradient, and N - 1 copies
-    // of this rank's piece of it.
-    std::size_t one_reduction = 0;
-    for (const dist::ShardedUnit& u : fsdp.units())
-      for (const dist::ShardedUnit::Entry& e : u.entries) {
-        const std::int64_t lo = u.shard_offset(world().rank()), from = std::max(lo, e.offset),
-                           to = std::max(from, std::min(lo + u.shard_numel(world().rank()), e.offset + e.numel));
-        one_reduction = std::max(one_reduction, sizeof(float) * static_cast<std::size_t>(e.numel + (n - 1) * (to - from)));
+TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the rest; within two blocks, the model "
+          "state stays within 16 Psi / N + two blocks + the root beyond its shard", "[dist][fsdp]") {
+  for (const std::string policy : {"none", "blocks"})
+    for (const bool within_two_units : {true, false}) {
+      INFO("policy " << policy << (within_two_units ? "" : ", prefetching as soon as the order names a block"));
+      Generator init(5);
+      nn::GPT model(tiny_gpt(), init);
+      apply_checkpointing(model, policy::parse(policy));
+      dist::FullyShardedDataParallel fsdp(world(), model, within_two_units ? dist::FullyShardedOptions{} : unbounded_prefetch());
+      dist::FullyShardedAdamW opt(fsdp, gpt_groups(model), kAdamW);
+      const int n = world().world_size();
+      std::size_t shard_bytes = 0, grad_shard_bytes = 0, root_bytes = 0, block_bytes = 0;
+      for (const dist::ShardedUnit& u : fsdp.units()) {
+        CHECK(u.params.defined() == !u.root);  // the root's shard is its slice of its whole parameters
+        if (!u.root) CHECK(u.params.numel() == u.shard_numel(world().rank()));
+        CHECK(u.grads.numel() == u.shard_numel(world().rank()));
+        CHECK(u.grads.numel() <= u.numel / n + 1);
+        for (const dist::ShardedUnit::Entry& e : u.entries)
+          CHECK(fsdp.parameters()[e.param]->storage()->resident() == u.root);
+        if (!u.root) shard_bytes += u.params.nbytes();
+        grad_shard_bytes += u.grads.nbytes();
+        (u.root ? root_bytes : block_bytes) = static_cast<std::size_t>(u.numel) * sizeof(float);
       }
-    for (int step = 0; step < 3; ++step) {
-      fsdp.reset_peak_memory();
-      GatheredAtOnce watch(fsdp);
-      micro_batch_loss(model, step, world().rank(), false).backward();
-      opt.step();
-      opt.zero_grad();
-      CHECK(fsdp.gathered_units() == 0);
-      INFO("step " << step);
-      CHECK(watch.most == 1);  // the first step too: a node before each block's ops frees it in backward
-      // At the peak: this rank's shards and the root whole; a block gathered and the next arriving.
-      const dist::ShardedMemory& peak = fsdp.peak_memory();
-      CHECK(peak.parameters == shard_bytes + root_bytes);
-      CHECK(peak.gathered <= 2 * block_bytes);
-      CHECK(peak.live >= peak.parameters + peak.gradients + peak.gathered + peak.activations);
-      // The model state at its own peak: the shards (parameters and gradients), the root, two blocks,
-      // and one parameter's gradient on its way (its local copy and the other ranks' copies of this
-      // rank's piece of it) — never a whole block's gradients waiting for their last one, but in
-      // the first step, which learns when each is final and reduces a block's at its backward's end.
-      const dist::ShardedMemory& state = fsdp.peak_model_state();
-      INFO("at the model state's peak: parameters " << state.parameters << ", gradients " << state.gradients
-           << ", gathered " << state.gathered << "; shards " << shard_bytes << ", root " << root_bytes << ", block "
-           << block_bytes << ", one reduction at most " << one_reduction);
-      CHECK(state.model_state() >= peak.model_state());
-      CHECK(state.optimizer == (step == 0 ? 0 : opt.state_bytes()));  // the moments, from the first update on
-      CHECK(state.parameters == shard_bytes + root_bytes);
-      CHECK(state.gathered <= 2 * block_bytes);
-      CHECK(state.gradients <= shard_bytes + one_reduction + (step == 0 ? block_bytes : 0));
-      if (n <= 3) CHECK(one_reduction < block_bytes);  // (4 ranks of so tiny a model: a shard is under a weight)
+      // The most one parameter's reduction holds on this rank: its local gradient, and N - 1 copies
+      // of this rank's piece of it.
+      std::size_t one_reduction = 0, largest = 0;
+      for (const dist::ShardedUnit& u : fsdp.units())
+        for (const dist::ShardedUnit::Entry& e : u.entries) {
+          largest = std::max(largest, fsdp.parameters()[e.param]->nbytes());
+          const std::int64_t lo = u.shard_offset(world().rank());
+          const auto [from, to] = dist::detail::overlap(e, lo, lo + u.shard_numel(world().rank()));
+          one_reduction = std::max(one_reduction, sizeof(float) * static_cast<std::size_t>(e.numel + (n - 1) * (to - from)));
+        }
+      for (int step = 0; step < 3; ++step) {
+        fsdp.reset_peak_memory();
+        GatheredAtOnce watch(fsdp);
+        micro_batch_loss(model, step, world().rank(), false).backward();
+        opt.step();
+        opt.zero_grad();
+        CHECK(fsdp.gathered_units() == 0);
+        INFO("step " << step);
+        CHECK(watch.most == 1);  // the first step too: a node before each block's ops frees it in backward
+        // At the peak: this rank's shards and the root whole; a block gathered and the next arriving.
+        const dist::ShardedMemory& peak = fsdp.peak_memory();
+        CHECK(peak.parameters == shard_bytes + root_bytes);
+        CHECK(peak.gathered <= 2 * block_bytes);
+        CHECK(peak.live >= peak.parameters + peak.gradients + peak.gathered + peak.activations);
+        // The model state at its own peak: the shards, the root, two blocks, and one parameter's
+        // gradient on its way (its local copy and the other ranks' copies of this rank's piece of
+        // it) — never a whole block's gradients waiting for their last one, but in the first step,
+        // which learns when each is final and reduces a block's at its backward's end.
+        const dist::ShardedMemory& state = fsdp.peak_model_state();
+        INFO("at the model state's peak: parameters " << state.parameters << ", gradients " << state.gradients
+             << ", gathered " << state.gathered << "; shards " << shard_bytes << ", root " << root_bytes << ", block "
+             << block_bytes << ", one reduction at most " << one_reduction);
+        CHECK(state.model_state() >= peak.model_state());
+        // The moments: allocated in the first update (the root's gather then may be the peak).
+        CHECK((state.optimizer == opt.state_bytes() || (step == 0 && state.optimizer == 0)));
+        CHECK(state.parameters == shard_bytes + root_bytes);
+        CHECK(state.gathered <= 2 * block_bytes);
+        // (and the next parameter's gradient arriving while it is on its way)
+        CHECK(state.gradients <= grad_shard_bytes + one_reduction + largest + (step == 0 ? block_bytes : 0));
+        // Within two units, what is beyond the shards and the root (blocks here or arriving,
+        // gradients not yet in the shards) is within two blocks once the counts are known — unless a
+        // block's own backward holds more (so tiny a model on 4 ranks: a reduction outweighs a block).
+        const std::size_t two_units = std::max(2 * block_bytes, block_bytes + one_reduction + largest);
+        if (within_two_units && step > 0) CHECK(state.gathered + state.gradients - grad_shard_bytes <= two_units);
+        if (n <= 3) CHECK(one_reduction < block_bytes);  // (4 ranks of so tiny a model: a shard is under a weight)
+      }
     }
-  }
 }
 
 TEST_CASE("dist: in ZeRO-3's first step, a model run twice before one backward, and remat::grad(), are exact",

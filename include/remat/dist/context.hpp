@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/core/autograd.hpp"
@@ -148,11 +149,17 @@ inline int mpi_count(std::int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
+/// The part [from, to) of `e` inside the flat range [lo, hi); from == to where they do not meet.
+inline std::pair<std::int64_t, std::int64_t> overlap(const FlatEntry& e, std::int64_t lo, std::int64_t hi) {
+  const std::int64_t from = std::max(lo, e.offset);
+  return {from, std::max(from, std::min(hi, e.offset + e.numel))};
+}
+
 /// Calls f(entry, from, to) for each entry's part of the flat range [lo, hi).
 template <class F>
 void for_each_piece(const std::vector<FlatEntry>& entries, std::int64_t lo, std::int64_t hi, F&& f) {
   for (const FlatEntry& e : entries) {
-    const std::int64_t from = std::max(lo, e.offset), to = std::min(hi, e.offset + e.numel);
+    const auto [from, to] = overlap(e, lo, hi);
     if (from < to) f(e, from, to);
   }
 }

@@ -7,7 +7,7 @@
 // Units: each block of the model's BlockStack is one unit (its parameters gathered and sharded
 // together); everything else (embeddings, final norm, head) is the root unit, which stays whole —
 // PyTorch's root FSDP unit keeps its parameters from forward to backward too — and has its
-// gradients and optimizer state sharded.
+// gradients and optimizer state sharded (its shard of parameters is its slice of the whole ones).
 //
 // Why checkpointing gathers a block once in backward: the wrapper sits around each block inside
 // whatever runs the stack (BlockStack::set_block_wrapper), so a checkpoint's segment and its replay
@@ -25,17 +25,25 @@
 // where a shard begins (optim::AdamWStep). A parameter's gradient is final when it has taken as
 // many contributions as in the first step, which learns the counts; in it, a node recorded before a
 // block's ops (so run after all of them in backward) reduces the block's gradients and frees it
-// once it has run as often as the block ran forward. Reducing parameter by parameter rather than unit by unit keeps a unit's
-// whole local gradient from waiting for its last parameter: what is in flight is one parameter.
+// once it has run as often as the block ran forward. Reducing parameter by parameter rather than
+// unit by unit keeps a unit's whole local gradient from waiting for its last parameter: what is in
+// flight is one parameter.
+//
+// Why the model state stays within 16Ψ/N + two blocks (+ the root beyond its shard): in backward a
+// parameter whose gradient is final and which no node holds any more is freed at once, so a block
+// shrinks as its backward proceeds, and the next block's prefetch starts only when it fits beside
+// what is here and the largest gradient still to come. Every quantity that decision weighs is the
+// same on every rank (whole parameters, gradients, the last reductions sent, never whether one has
+// completed), so every rank starts the same all-gathers in the same order.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -64,6 +72,14 @@ struct FullyShardedOptions {
   /// reverses a stack in, with or without per-block checkpointing). Nothing is traced: the order
   /// holds from the first step. Two units' parameters are then here at once.
   bool prefetch = true;
+  /// Start a prefetch only once it fits: the blocks' parameters here, the prefetches in flight, the
+  /// gradients not yet averaged into the shards and the largest one still to come stay within two
+  /// of the largest block's parameters, the same on every rank. The model state then stays within
+  /// 16Ψ/N + two blocks + the root's parameters beyond its shard; in backward the next block starts
+  /// arriving once the current one has freed enough (its parameters are freed one by one as their
+  /// gradients are final). False starts it as soon as the order names it: more overlap, and up to
+  /// one parameter's gradient and its reduction more.
+  bool prefetch_within_two_units = true;
   /// Parameters whose gradient reduction may be in flight at once (each holds its local gradient
   /// and the other ranks' copies of this rank's piece of it). More overlap backward with
   /// communication; one keeps the model state closest to 16Ψ/N plus two gathered blocks.
@@ -74,7 +90,7 @@ struct FullyShardedOptions {
 /// (FullyShardedDataParallel samples them at every op and backward op).
 struct ShardedMemory {
   std::size_t live = 0;         ///< all the allocator's live bytes then
-  std::size_t parameters = 0;   ///< the parameters' shards, and the root unit whole
+  std::size_t parameters = 0;   ///< the blocks' parameter shards, and the root unit whole
   std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad not yet final
   std::size_t gathered = 0;     ///< blocks' parameters gathered, and prefetches in flight
   std::size_t optimizer = 0;    ///< the FullyShardedAdamW's moments (none before its first step)
@@ -92,19 +108,29 @@ struct ShardedUnit {
   std::int64_t numel = 0;        ///< all its elements
   ShardLayout shards{0, 1};      ///< how they split over the ranks
   bool root = false;             ///< the root unit: parameters always whole
-  Tensor params;                 ///< this rank's shard of the parameters (the values the optimizer updates)
+  /// This rank's shard of the parameters (the values the optimizer updates); none for the root, whose
+  /// whole parameters hold its shard in place.
+  Tensor params;
   Tensor grads;                  ///< this rank's shard of the averaged gradients
   std::int64_t gathers = 0;      ///< all-gathers of its parameters so far (prefetched or not)
   std::int64_t prefetched = 0;   ///< of which started ahead, while another unit ran
   std::int64_t reductions = 0;   ///< reduce-scatters of its parameters' gradients so far (one a parameter a step)
 
   // State within a step.
-  bool gathered = false;      ///< its parameters' bytes are here
+  bool gathered = false;      ///< its parameters' bytes are here (but those freed one by one)
+  bool partly = false;        ///< some parameters were freed one by one, their gradients final
   bool stale = false;         ///< the shard changed since the last gather: the next one bumps versions
   bool grads_fresh = true;    ///< this backward's reductions write the gradient shard (else add to it)
   int waiting = 0;            ///< parameters whose gradients are not final yet
-  Tensor ahead;                                  ///< a prefetch in flight: the gathered parameters, end to end
-  MPI_Request ahead_request = MPI_REQUEST_NULL;  ///< the prefetch's request
+  /// A prefetch in flight: each parameter's bytes arriving in the storage it will take over.
+  std::vector<std::unique_ptr<remat::detail::Storage>> ahead;
+  std::vector<MPI_Request> ahead_requests;  ///< one all-gather per parameter
+  /// The bytes of the prefetch in flight.
+  std::size_t ahead_bytes() const {
+    std::size_t n = 0;
+    for (const auto& st : ahead) n += st->bytes();
+    return n;
+  }
 
   /// The number of elements of `rank`'s shard.
   std::int64_t shard_numel(int rank) const { return shards.counts[static_cast<std::size_t>(rank)]; }
@@ -123,7 +149,11 @@ class FullyShardedDataParallel : private remat::Observer {
   /// blocks); the model's other parameters form the root unit.
   FullyShardedDataParallel(Context& ctx, nn::Module& model, nn::BlockStack& stack, std::vector<nn::Module*> blocks,
                            FullyShardedOptions options = {})
-      : ctx_(ctx), stack_(stack), prefetch_(options.prefetch), max_in_flight_(options.reductions_in_flight) {
+      : ctx_(ctx),
+        stack_(stack),
+        prefetch_(options.prefetch),
+        within_two_units_(options.prefetch_within_two_units),
+        max_in_flight_(options.reductions_in_flight) {
     REMAT_CHECK(!stack.has_block_wrapper(), "FullyShardedDataParallel: the model's blocks are already wrapped (by "
                 "another FullyShardedDataParallel?): one wrapper per model");
     REMAT_CHECK(options.reductions_in_flight >= 1, "FullyShardedDataParallel: reductions_in_flight must be at least 1, "
@@ -187,11 +217,29 @@ class FullyShardedDataParallel : private remat::Observer {
                   "blocks", i, units_.size() - 1);
       return [this, i, f = std::move(f)](const Tensor& x) { return run_unit(i, f, x); };
     });
-    const int rank = ctx_.rank();
+    const int rank = ctx_.rank(), n = ctx_.world_size();
+    reduction_bytes_.resize(params_.size());
+    own_refs_.resize(params_.size());
+    pieces_.resize(params_.size());
     for (ShardedUnit& u : units_) {
-      u.shards = ShardLayout(u.numel, ctx_.world_size());
+      u.shards = ShardLayout(u.numel, n);
       const std::int64_t mine = u.shard_numel(rank);
-      u.params = Tensor(Shape{mine});
+      if (!u.root) u.params = Tensor(Shape{mine});
+      if (!u.root) two_blocks_ = std::max(two_blocks_, 2 * static_cast<std::size_t>(u.numel) * sizeof(float));
+      for (const ShardedUnit::Entry& e : u.entries) {
+        Pieces& pc = pieces_[e.param];
+        pc.counts.resize(static_cast<std::size_t>(n));
+        pc.offsets.resize(static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q) {
+          const auto [from, to] = detail::overlap(e, u.shard_offset(q), u.shard_offset(q) + u.shard_numel(q));
+          pc.counts[static_cast<std::size_t>(q)] = static_cast<int>(to - from);
+          pc.offsets[static_cast<std::size_t>(q)] = to > from ? static_cast<int>(from - e.offset) : 0;
+        }
+        // Its local gradient and the other ranks' copies of the widest piece: the same on every rank.
+        const int widest = *std::max_element(pc.counts.begin(), pc.counts.end());
+        reduction_bytes_[e.param] = sizeof(float) * static_cast<std::size_t>(e.numel + std::int64_t{n - 1} * widest);
+        own_refs_[e.param] = params_[e.param]->storage().use_count();
+      }
       u.grads = Tensor(Shape{mine});
       remat::detail::flat(u.grads).setZero();
       take_back(u);
@@ -211,8 +259,9 @@ class FullyShardedDataParallel : private remat::Observer {
     for (Reduction& r : pending_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
     pending_.clear();
     for (ShardedUnit& u : units_) {
-      if (u.ahead_request != MPI_REQUEST_NULL) MPI_Wait(&u.ahead_request, MPI_STATUS_IGNORE);
-      u.ahead = Tensor();
+      MPI_Waitall(static_cast<int>(u.ahead_requests.size()), u.ahead_requests.data(), MPI_STATUSES_IGNORE);
+      u.ahead.clear();
+      u.ahead_requests.clear();
     }
     if (std::uncaught_exceptions() == 0) {
       try {
@@ -311,6 +360,12 @@ class FullyShardedDataParallel : private remat::Observer {
  private:
   friend class FullyShardedAdamW;
 
+  // Where one parameter lies across the ranks' shards: each rank's piece of it (count, and offset
+  // within the parameter; 0 where a rank holds none), as MPI's all-gathers and all-to-alls take it.
+  struct Pieces {
+    std::vector<int> counts, offsets;
+  };
+
   // One parameter's gradient on its way to the shards: its local gradient (sent from where it
   // lies) and the other ranks' copies of this rank's piece of it, in rank order.
   struct Reduction {
@@ -383,31 +438,58 @@ class FullyShardedDataParallel : private remat::Observer {
   }
 
   // The unit's parameters from the shards into their own storages (the same Storage objects, so
-  // nodes that saved them read the gathered bytes).
+  // nodes that saved them read the gathered bytes). Each parameter is all-gathered straight into
+  // the bytes it will own: no flat buffer beside them, so gathering costs the unit's size once.
   void gather(ShardedUnit& u) {
-    if (u.gathered && !u.stale) return;
-    Tensor flat;
-    if (u.ahead.defined()) {
-      detail::check_mpi(MPI_Wait(&u.ahead_request, MPI_STATUS_IGNORE), "MPI_Wait");
-      flat = std::move(u.ahead);
-      u.ahead = Tensor();
+    if (u.gathered && !u.stale && !u.partly) return;
+    const auto which = static_cast<std::int64_t>(&u - units_.data());
+    if (deferred_ == which) deferred_ = -1;  // needed now: no longer ahead
+    if (!u.ahead.empty()) {
+      detail::check_mpi(MPI_Waitall(static_cast<int>(u.ahead_requests.size()), u.ahead_requests.data(),
+                                    MPI_STATUSES_IGNORE), "MPI_Waitall");
+      for (std::size_t k = 0; k < u.entries.size(); ++k) {
+        remat::detail::Storage& st = *params_[u.entries[k].param]->storage();
+        if (st.resident()) std::copy_n(static_cast<const char*>(u.ahead[k]->raw_data()), st.bytes(), static_cast<char*>(st.raw_data()));
+        else st.adopt(*u.ahead[k]);
+      }
+      u.ahead.clear();
+      u.ahead_requests.clear();
       ++u.prefetched;
     } else {
-      flat = gather_flat(u, u.params);
-    }
-    for (const ShardedUnit::Entry& e : u.entries) {
-      remat::detail::Storage& st = *params_[e.param]->storage();
-      if (!st.resident()) {
-        remat::detail::Storage fresh(st.bytes());
-        st.adopt(fresh);
+      for (const ShardedUnit::Entry& e : u.entries) {
+        remat::detail::Storage& st = *params_[e.param]->storage();
+        if (!st.resident()) {
+          remat::detail::Storage fresh(st.bytes());
+          st.adopt(fresh);
+        }
+        gather_parameter(u, e, static_cast<float*>(st.raw_data()), nullptr);
       }
-      std::copy(flat.data() + e.offset, flat.data() + e.offset + e.numel, static_cast<float*>(st.raw_data()));
-      if (u.stale) st.bump_version();  // new values: a graph recorded before the step may not read them
     }
+    for (const ShardedUnit::Entry& e : u.entries)
+      if (u.stale) params_[e.param]->storage()->bump_version();  // new values: a graph recorded before the step may not read them
     u.stale = false;
     u.gathered = true;
+    u.partly = false;
     ++u.gathers;
-    if (!u.root) prefetch_after(static_cast<std::size_t>(&u - units_.data()));
+    sample_memory();
+    if (!u.root) prefetch_after(static_cast<std::size_t>(which));
+  }
+
+  // Parameter `e` of `u` from every rank's shard into `to` (its whole length): blocking, or started
+  // under `request`. The root sends its piece from where it lies in `to` (its whole parameters).
+  void gather_parameter(const ShardedUnit& u, const ShardedUnit::Entry& e, float* to, MPI_Request* request) {
+    const Pieces& pc = pieces_[e.param];
+    const int me = ctx_.rank();
+    const auto mine = pc.counts[static_cast<std::size_t>(me)];
+    const float* from = u.root ? nullptr : u.params.data() + (e.offset + pc.offsets[static_cast<std::size_t>(me)] - u.shard_offset(me));
+    static const float nothing = 0;  // what a rank holding none of it sends from
+    const void* send = u.root ? MPI_IN_PLACE : static_cast<const void*>(mine > 0 ? from : &nothing);
+    if (request)
+      detail::check_mpi(MPI_Iallgatherv(send, mine, MPI_FLOAT, to, pc.counts.data(), pc.offsets.data(), MPI_FLOAT,
+                                        gather_comm_, request), "MPI_Iallgatherv");
+    else
+      detail::check_mpi(MPI_Allgatherv(send, mine, MPI_FLOAT, to, pc.counts.data(), pc.offsets.data(), MPI_FLOAT,
+                                       gather_comm_), "MPI_Allgatherv");
   }
 
   // Block i was just gathered: start gathering the one expected next. A chain's steps are the
@@ -422,37 +504,59 @@ class FullyShardedDataParallel : private remat::Observer {
     else if (s.backward_depth > 0) next = here - 1;
     else if (pinned_ > 0) next = -1;  // FullParameters gathers every unit anyway
     if (next < 0 || next >= static_cast<std::int64_t>(units_.size()) - 1) return;
-    ShardedUnit& n = units_[static_cast<std::size_t>(next)];
-    if ((n.gathered && !n.stale) || n.ahead.defined()) return;
-    n.ahead = Tensor(Shape{n.numel});
-    detail::check_mpi(MPI_Iallgatherv(n.params.data(), static_cast<int>(n.params.numel()), MPI_FLOAT, n.ahead.data(),
-                                      n.shards.counts.data(), n.shards.offsets.data(), MPI_FLOAT, gather_comm_,
-                                      &n.ahead_request),
-                      "MPI_Iallgatherv");
+    deferred_ = next;
+    start_deferred_prefetch();
+  }
+
+  // Starts the prefetch asked for, unless its unit is here or on its way already, or (within two
+  // units) it does not fit yet: then ops and backward ops try again, on every rank at the same one,
+  // since every quantity weighed is the same on every rank.
+  void start_deferred_prefetch() {
+    if (deferred_ < 0) return;
+    ShardedUnit& n = units_[static_cast<std::size_t>(deferred_)];
+    if ((n.gathered && !n.stale && !n.partly) || !n.ahead.empty()) {
+      deferred_ = -1;
+      return;
+    }
+    if (within_two_units_ && working_set_bytes() + static_cast<std::size_t>(n.numel) * sizeof(float) > two_blocks_)
+      return;
+    deferred_ = -1;
+    n.ahead_requests.assign(n.entries.size(), MPI_REQUEST_NULL);
+    for (std::size_t k = 0; k < n.entries.size(); ++k) {
+      n.ahead.push_back(std::make_unique<remat::detail::Storage>(params_[n.entries[k].param]->storage()->bytes()));
+      gather_parameter(n, n.entries[k], static_cast<float*>(n.ahead[k]->raw_data()), &n.ahead_requests[k]);
+    }
+    sample_memory();
   }
 
   // Lets prefetches in flight move on (MPI progresses a non-blocking collective inside its calls).
   void progress_prefetches() {
     for (ShardedUnit& u : units_)
-      if (u.ahead_request != MPI_REQUEST_NULL) {
+      if (!u.ahead_requests.empty()) {
         int done = 0;
-        detail::check_mpi(MPI_Test(&u.ahead_request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        detail::check_mpi(MPI_Testall(static_cast<int>(u.ahead_requests.size()), u.ahead_requests.data(), &done,
+                                      MPI_STATUSES_IGNORE), "MPI_Testall");
       }
   }
 
   // Prefetches nobody used (the shards are about to change, or the order was not the expected
   // one): completed on every rank alike, then dropped.
   void drop_prefetches() {
+    deferred_ = -1;
     for (ShardedUnit& u : units_)
-      if (u.ahead.defined()) {
-        detail::check_mpi(MPI_Wait(&u.ahead_request, MPI_STATUS_IGNORE), "MPI_Wait");
-        u.ahead = Tensor();
+      if (!u.ahead.empty()) {
+        detail::check_mpi(MPI_Waitall(static_cast<int>(u.ahead_requests.size()), u.ahead_requests.data(),
+                                      MPI_STATUSES_IGNORE), "MPI_Waitall");
+        u.ahead.clear();
+        u.ahead_requests.clear();
         ++unused_prefetches_;
       }
   }
 
-  // This rank's slice of the unit's whole parameters into its shard.
+  // This rank's slice of the unit's whole parameters into its shard (the root's whole parameters
+  // are its shard).
   void take_back(ShardedUnit& u) {
+    if (u.root) return;
     const std::int64_t lo = u.shard_offset(ctx_.rank());
     detail::for_each_piece(u.entries, lo, lo + u.params.numel(), [&](const ShardedUnit::Entry& e, std::int64_t from, std::int64_t to) {
       const float* w = params_[e.param]->data() + (from - e.offset);
@@ -464,16 +568,73 @@ class FullyShardedDataParallel : private remat::Observer {
     if (u.root || !u.gathered || pinned_ > 0) return;
     for (const ShardedUnit::Entry& e : u.entries) params_[e.param]->storage()->discard(away_[e.param]);
     u.gathered = false;
+    u.partly = false;
+  }
+
+  // After each backward op: a block's parameter whose gradient is final and which nothing but the
+  // model holds any more (no node saved it, or the one that did has run) is freed now rather than
+  // with its block, making room for the next block while this one's backward goes on.
+  void free_finished_parameters() {
+    for (auto it = finished_.begin(); it != finished_.end();) {
+      ShardedUnit& u = units_[unit_of_[*it]];
+      const std::shared_ptr<remat::detail::Storage>& st = params_[*it]->storage();
+      if (u.gathered && pinned_ == 0 && (st->saved_refs() > 0 || st.use_count() > own_refs_[*it])) {
+        ++it;
+        continue;
+      }
+      if (u.gathered && pinned_ == 0) {
+        st->discard(away_[*it]);
+        u.partly = true;
+      }
+      it = finished_.erase(it);
+    }
+  }
+
+  // What a prefetch must fit beside (the same on every rank): the blocks' parameters here,
+  // prefetches in flight, gradients not yet sent and the reductions that may still be in flight (the
+  // last ones sent); and in backward, what the gradients still to come may add before a parameter
+  // is freed: as many reductions as may be in flight, of the largest, and the next gradient beside
+  // them (a linear layer's bias arrives while its weight's reduction runs) — or in the first step,
+  // which reduces a block's gradients together at its end, all of them.
+  std::size_t working_set_bytes() const {
+    std::size_t bytes = 0, to_come = 0, next_gradient = 0;
+    std::vector<std::size_t> reductions;  // of the gradients still to come
+    const bool backward = remat::detail::session().backward_depth > 0;
+    for (const ShardedUnit& u : units_) {
+      bytes += u.ahead_bytes();
+      for (const FlatEntry& e : u.entries) {
+        const Tensor* p = params_[e.param];
+        const bool here = u.root || p->storage()->resident();
+        if (!u.root && here) bytes += p->nbytes();
+        if (p->grad().defined()) bytes += p->grad().nbytes();
+        if (backward && here && !reduced_[e.param]) {
+          reductions.push_back(reduction_bytes_[e.param]);
+          if (!p->grad().defined()) {
+            to_come += p->nbytes();
+            next_gradient = std::max(next_gradient, p->nbytes());
+          }
+        }
+      }
+    }
+    for (std::size_t i : last_sent_) bytes += reduction_bytes_[i];
+    const std::size_t k = std::min(max_in_flight_, reductions.size());
+    std::partial_sort(reductions.begin(), reductions.begin() + static_cast<std::ptrdiff_t>(k), reductions.end(),
+                      std::greater<>());
+    for (std::size_t j = 0; j < k; ++j) bytes += reductions[j];
+    return bytes + (expected_.empty() ? to_come : next_gradient);
   }
 
   // Observer: ops and backward ops move the collectives in flight on (MPI progresses a
   // non-blocking collective only inside its calls), and a finished reduction frees its buffers.
   void op_begin(const OpOutput&) override {
     progress_in_flight();
+    start_deferred_prefetch();
     sample_memory();
   }
   void backward_op(const char*) override {
     progress_in_flight();
+    free_finished_parameters();
+    start_deferred_prefetch();
     sample_memory();
   }
 
@@ -484,12 +645,12 @@ class FullyShardedDataParallel : private remat::Observer {
     m.live = now.live_bytes;
     m.activations = now.saved_activation_bytes;
     for (const ShardedUnit& u : units_) {
-      m.parameters += u.params.nbytes();
+      if (!u.root) m.parameters += u.params.nbytes();
       m.gradients += u.grads.nbytes();
-      if (u.ahead.defined()) m.gathered += u.ahead.nbytes();
+      m.gathered += u.ahead_bytes();
       for (const FlatEntry& e : u.entries) {
         const Tensor* p = params_[e.param];
-        if (u.gathered) (u.root ? m.parameters : m.gathered) += p->nbytes();
+        if (u.gathered && p->storage()->resident()) (u.root ? m.parameters : m.gathered) += p->nbytes();
         if (p->grad().defined()) m.gradients += p->grad().nbytes();
       }
     }
@@ -510,6 +671,7 @@ class FullyShardedDataParallel : private remat::Observer {
     const std::size_t i = it->second;
     if (!step_started_) start_step();
     ++seen_[i];
+    sample_memory();  // its .grad is here: a moment the model state may peak at
     ShardedUnit& u = units_[unit_of_[i]];
     REMAT_CHECK(!reduced_[i] || !expected_.empty(), "FullyShardedDataParallel: parameter '{}' of {} took a gradient "
                 "after the backward of its block ended (its gradient was reduced then): a block's parameters must be "
@@ -520,12 +682,14 @@ class FullyShardedDataParallel : private remat::Observer {
                 "parameter as often in every step", names_[i], u.name, expected_[i], seen_[i]);
     if (seen_[i] != expected_[i]) return;
     reduce(i);
+    if (!u.root) finished_.push_back(i);
     if (--u.waiting == 0) release(u);  // every gradient of the unit is final: its parameters are done
   }
 
   void backward_end(bool completed, bool outermost) override {
     if (!outermost) return;  // a dry run inside a backward is not the step's end
     drop_prefetches();
+    finished_.clear();
     std::fill(forward_runs_.begin(), forward_runs_.end(), 0);
     std::fill(reversed_.begin(), reversed_.end(), 0);
     if (!step_started_) return;
@@ -559,6 +723,7 @@ class FullyShardedDataParallel : private remat::Observer {
     }
   }
   void end_step() {
+    last_sent_.clear();  // every reduction has completed
     std::fill(seen_.begin(), seen_.end(), 0);
     step_started_ = false;
   }
@@ -570,17 +735,17 @@ class FullyShardedDataParallel : private remat::Observer {
     const ShardedUnit::Entry& e = u.entries[entry_of_[i]];
     Tensor* p = params_[i];
     const int n = ctx_.world_size(), me = ctx_.rank();
+    // Room first: at most max_in_flight_ reductions hold buffers at any moment.
+    progress(max_in_flight_ - 1);
     Reduction r;
     r.param = i;
     r.local = p->grad().defined() ? p->grad() : zeros(Shape{e.numel});
     REMAT_ASSERT(r.local.numel() == e.numel);
     p->meta()->grad = Tensor();
-    auto piece = [&](int q) {  // the part of parameter i in rank q's shard, in the unit's range
-      const std::int64_t lo = u.shard_offset(q), from = std::max(lo, e.offset);
-      return std::make_pair(from, std::max(from, std::min(lo + u.shard_numel(q), e.offset + e.numel)));
-    };
-    std::tie(r.from, r.to) = piece(me);
-    const auto mine = static_cast<int>(r.to - r.from);
+    const Pieces& pc = pieces_[i];
+    const int mine = pc.counts[static_cast<std::size_t>(me)];
+    r.from = e.offset + pc.offsets[static_cast<std::size_t>(me)];
+    r.to = r.from + mine;
     const auto size = static_cast<std::size_t>(n);
     r.send_counts.assign(size, 0);
     r.send_offsets.assign(size, 0);
@@ -588,10 +753,9 @@ class FullyShardedDataParallel : private remat::Observer {
     r.recv_offsets.assign(size, 0);
     for (int q = 0; q < n; ++q) {
       if (q == me) continue;
-      const auto [from, to] = piece(q);
       const auto k = static_cast<std::size_t>(q);
-      r.send_counts[k] = static_cast<int>(to - from);
-      r.send_offsets[k] = to > from ? static_cast<int>(from - e.offset) : 0;
+      r.send_counts[k] = pc.counts[k];
+      r.send_offsets[k] = pc.offsets[k];
       r.recv_counts[k] = mine;
       r.recv_offsets[k] = other_slot(q) * mine;
     }
@@ -604,8 +768,10 @@ class FullyShardedDataParallel : private remat::Observer {
     reduced_[i] = 1;
     ++u.reductions;
     pending_.push_back(std::move(r));
-    // Waits only to bound the buffers: a reduction completes when every rank has moved it on.
-    progress(max_in_flight_);
+    last_sent_.push_back(i);
+    if (last_sent_.size() > max_in_flight_) last_sent_.pop_front();
+    progress(max_in_flight_);  // what has arrived, without waiting
+    sample_memory();
   }
 
   // Where rank q's copy of this rank's piece lands among the other ranks' copies.
@@ -637,17 +803,22 @@ class FullyShardedDataParallel : private remat::Observer {
     const ShardedUnit::Entry& e = u.entries[entry_of_[r.param]];
     const int n = ctx_.world_size(), me = ctx_.rank();
     using ConstVec = Eigen::Map<const Eigen::ArrayXf>;
-    auto copy_of = [&](int q) {
-      return ConstVec(q == me ? r.local.data() + (r.from - e.offset) : r.rows.data() + other_slot(q) * count, count);
+    auto copy_of = [&](int q, std::int64_t at, std::int64_t k) {
+      return ConstVec((q == me ? r.local.data() + (r.from - e.offset) : r.rows.data() + other_slot(q) * count) + at, k);
     };
-    Tensor mean(Shape{count});
-    Eigen::Map<Eigen::ArrayXf> sum(mean.data(), count);
-    sum = copy_of(0);
-    for (int q = 1; q < n; ++q) sum += copy_of(q);
-    sum /= static_cast<float>(n);
-    Eigen::Map<Eigen::ArrayXf> shard(u.grads.data() + (r.from - u.shard_offset(me)), count);
-    if (u.grads_fresh) shard = sum;
-    else shard += sum;
+    // A block at a time through a buffer on the stack: no allocation the size of the piece.
+    constexpr std::int64_t kBlock = 1024;
+    alignas(64) float buffer[kBlock];
+    float* shard = u.grads.data() + (r.from - u.shard_offset(me));
+    for (std::int64_t at = 0; at < count; at += kBlock) {
+      const std::int64_t k = std::min(kBlock, count - at);
+      Eigen::Map<Eigen::ArrayXf> sum(buffer, k), out(shard + at, k);
+      sum = copy_of(0, at, k);
+      for (int q = 1; q < n; ++q) sum += copy_of(q, at, k);
+      sum /= static_cast<float>(n);
+      if (u.grads_fresh) out = sum;
+      else out += sum;
+    }
   }
 
   std::string describe() const {
@@ -672,7 +843,15 @@ class FullyShardedDataParallel : private remat::Observer {
   bool step_started_ = false;
   int pinned_ = 0;  ///< FullParameters alive: nothing is released
   bool prefetch_;
+  bool within_two_units_;
   std::size_t max_in_flight_;
+  std::size_t two_blocks_ = 0;                 ///< twice the largest block's parameter bytes
+  std::vector<std::size_t> reduction_bytes_;   ///< per parameter: the most its reduction holds on any rank
+  std::vector<Pieces> pieces_;                 ///< per parameter: its pieces in each rank's shard
+  std::vector<long> own_refs_;                 ///< per parameter: holders of its storage outside any graph
+  std::vector<std::size_t> finished_;          ///< block parameters reduced this backward, not yet freed
+  std::deque<std::size_t> last_sent_;          ///< the last reductions sent (those that may be in flight)
+  std::int64_t deferred_ = -1;                 ///< a unit whose prefetch waits for room (-1: none)
   std::int64_t unused_prefetches_ = 0;
   ShardedMemory peak_, peak_state_;
   const detail::ShardedAdamWBase* optimizer_ = nullptr;  ///< the FullyShardedAdamW on this wrapper, while it lives

@@ -1,10 +1,11 @@
 #pragma once
 // dist::FullyShardedAdamW — the optimizer of ZeRO stage 3: AdamW on each rank's shards of a
 // FullyShardedDataParallel's units. The shards hold both the parameters and the averaged gradients,
-// so a step moves nothing between ranks except the root unit's new values (it stays whole); a
-// block's new values reach the other ranks when the block is next gathered. AdamWStep's element-wise
-// update does not care where a shard begins, so the weights are bitwise those of AdamW on the
-// averaged gradients, on any number of ranks.
+// so a step moves nothing between ranks except the root unit's new values: it stays whole, each
+// rank updates its slice where it lies and gathers the others'. A block's new values reach the
+// other ranks when the block is next gathered. AdamWStep's element-wise update does not care where
+// a shard begins, so the weights are bitwise those of AdamW on the averaged gradients, on any
+// number of ranks.
 //
 // As with ShardedAdamW, a parameter that took no gradient on any rank is updated with a zero
 // gradient (AdamW would skip it).
@@ -52,7 +53,9 @@ class FullyShardedAdamW : public detail::ShardedAdamWBase {
         const optim::ParamGroup* g = group_of(e.param);
         if (!g) return;
         const std::int64_t at = from - lo;
-        c.update(u.params.data() + at, m_[ui].data() + at, v_[ui].data() + at, u.grads.data() + at, to - from,
+        // The root's shard is its own slice of the whole parameters: updated where it lies.
+        float* values = u.root ? fsdp_.params_[e.param]->data() + (from - e.offset) : u.params.data() + at;
+        c.update(values, m_[ui].data() + at, v_[ui].data() + at, u.grads.data() + at, to - from,
                  c.decay(g->weight_decay));
       });
       u.grads_fresh = true;  // consumed: the next backward's reduction writes the shard
