@@ -50,7 +50,15 @@ struct StepShape {
   double forward_s, backward_s, optimizer_s;  ///< per rank, at a fixed micro-batch per rank
   std::vector<double> bucket_bytes;           ///< in the order they become ready
   double units = 0, unit_bytes = 0;           ///< ZeRO-3: its blocks, and one block's parameter bytes
+  double unit_params = 12;                    ///< ZeRO-3: parameters per block (a collective each)
+  /// ZeRO-3 within two blocks: the share of a block's backward left once the block has freed enough
+  /// for the next one's gather to start (a GPT block: its attention's, after the MLP's).
+  double window = 1;
 };
+
+/// The share of a GPT block's backward that follows its MLP's, from the FLOPs per token: the MLP's
+/// 8d² against the attention's 4d² of projections and 2Td of scores and weighted values.
+double attention_share(double d, double t) { return (4 * d * d + 2 * t * d) / (12 * d * d + 2 * t * d); }
 
 /// Bucket k is ready once backward has produced its share of the gradient bytes (compute per
 /// byte taken as uniform); buckets are reduced one after another, each as soon as it is ready and
@@ -76,17 +84,19 @@ Prediction predict(const StepShape& s, int ranks, double alpha, double beta) {
 }
 
 /// ZeRO-3 (remat::dist::FullyShardedDataParallel with prefetch): per block, an all-gather before
-/// its forward and one before its backward (⌈log2 N⌉ α + (N-1)/N S β each), and a reduce-scatter
-/// after its backward ((N-1) α + (N-1)/N S β). The next block's gather runs during this block's
-/// compute, so a block costs max(compute, communication) and only the first gather (and the last
-/// reduction) is exposed. The optimizer updates 1/N of the parameters.
-Prediction predict_zero3(const StepShape& s, int ranks, double alpha, double beta) {
-  const double n = ranks, units = s.units;
-  const double gather = ranks == 1 ? 0.0 : std::ceil(std::log2(n)) * alpha + (n - 1) / n * s.unit_bytes * beta;
-  const double reduce = ranks == 1 ? 0.0 : (n - 1) * alpha + (n - 1) / n * s.unit_bytes * beta;
-  const double f = s.forward_s / units, b = s.backward_s / units;
+/// its forward and one before its backward, one per parameter (⌈log2 N⌉ α each, and (N-1)/N S β
+/// in all), and a reduce-scatter per parameter as its gradient is final ((N-1) α each, (N-1)/N S β
+/// in all). The next block's gather runs during this block's compute — in backward, within two
+/// blocks, only during the last `window` of it — so a block costs the longest of its compute and
+/// its communication, and the first gather and the last reduction are exposed. The optimizer
+/// updates 1/N of the parameters. `within` false: the gather may use the whole backward (eager).
+Prediction predict_zero3(const StepShape& s, int ranks, double alpha, double beta, bool within = true) {
+  const double n = ranks, units = s.units, k = s.unit_params;
+  const double gather = ranks == 1 ? 0.0 : k * std::ceil(std::log2(n)) * alpha + (n - 1) / n * s.unit_bytes * beta;
+  const double reduce = ranks == 1 ? 0.0 : k * (n - 1) * alpha + (n - 1) / n * s.unit_bytes * beta;
+  const double f = s.forward_s / units, b = s.backward_s / units, late = within ? (1 - s.window) * b : 0.0;
   const double forward = gather + units * std::max(f, gather);
-  const double backward = gather + units * std::max(b, gather + reduce) + reduce;
+  const double backward = gather + units * std::max({b, gather + reduce, late + gather}) + reduce;
   const double comm = units * (2 * gather + reduce);
   const double exposed = forward + backward - s.forward_s - s.backward_s;
   return {forward + backward + s.optimizer_s / n, comm, exposed};
@@ -311,22 +321,25 @@ int main(int argc, char** argv) {
         std::vector<double> small_buckets;
         for (const dist::Bucket& bk : ddp->buckets()) small_buckets.push_back(4.0 * static_cast<double>(bk.numel));
         const double p_small = static_cast<double>(model.num_parameters());
+        const auto d = static_cast<double>(cfg.n_embd);
         const StepShape measured{"this GPT (" + std::to_string(model.num_parameters()) + " parameters, " +
                                      std::to_string(B) + " x " + std::to_string(cfg.block_size) + " tokens per rank)",
                                  p_small, median(fwd_s[1]), median(bwd_s[1]) - median(exposed_s[1]), median(opt_s[1]),
-                                 small_buckets, static_cast<double>(cfg.n_layer),
-                                 4.0 * (12.0 * static_cast<double>(cfg.n_embd * cfg.n_embd) + 13.0 * static_cast<double>(cfg.n_embd))};
+                                 small_buckets, static_cast<double>(cfg.n_layer), 4.0 * (12.0 * d * d + 13.0 * d), 12,
+                                 attention_share(d, static_cast<double>(cfg.block_size))};
         const double p_big = 24 * 12.0 * 2048 * 2048 + 50257.0 * 2048 + 2048.0 * 2048;
         const double tokens_big = 8.0 * 2048;  // 8 sequences of 2048 per rank
         const double scale = (p_big * tokens_big) / (p_small * static_cast<double>(B * cfg.block_size));
         const StepShape big{"GPT 1.3B (8 x 2048 tokens per rank, compute scaled by FLOPs)", p_big,
                             measured.forward_s * scale, measured.backward_s * scale, measured.optimizer_s * p_big / p_small,
-                            buckets_of(4 * p_big, 1 << 20, 25 << 20), 24, 4 * 12.0 * 2048 * 2048};
+                            buckets_of(4 * p_big, 1 << 20, 25 << 20), 24, 4 * 12.0 * 2048 * 2048, 12,
+                            attention_share(2048, 2048)};
         // The same 1.3B step on an accelerator: compute at an assumed 100 TFLOP/s per rank, backward
         // two thirds of it, the optimizer at an assumed 1 TB/s over its 16 bytes per parameter.
         const double flops_big = 6 * p_big * tokens_big;
         const StepShape fast{"GPT 1.3B at an assumed 100 TFLOP/s per rank", p_big, flops_big / 3 / 100e12,
-                             2 * flops_big / 3 / 100e12, 16 * p_big / 1e12, big.bucket_bytes, big.units, big.unit_bytes};
+                             2 * flops_big / 3 / 100e12, 16 * p_big / 1e12, big.bucket_bytes, big.units, big.unit_bytes,
+                             big.unit_params, big.window};
         struct Network {
           const char* name;
           double alpha, beta;
@@ -335,15 +348,18 @@ int main(int argc, char** argv) {
         fmt::print("# α–β model: measured α = {:.2f} µs, β = {:.3f} ns/byte ({:.1f} GB/s) from the all-reduce of 8 B and "
                    "64 MiB on {} ranks\n", alpha * 1e6, beta * 1e9, 1e-9 / beta, ranks);
         fmt::print("| model | network | ranks | step (s) | reduction (s) | exposed (s) | hidden | ZeRO-3 step (s) | "
-                   "ZeRO-3 communication (s) | ZeRO-3 exposed (s) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+                   "ZeRO-3 communication (s) | ZeRO-3 exposed (s) | ZeRO-3 eager step (s) |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (const StepShape* sh : {&measured, &big, &fast})
           for (const Network& net : networks)
             for (int r : {ranks, 8, 64, 512}) {
               const Prediction p = predict(*sh, r, net.alpha, net.beta);
               const Prediction z = predict_zero3(*sh, r, net.alpha, net.beta);
-              fmt::print("| {} | {} | {} | {:.4g} | {:.4g} | {:.4g} | {:.1f}% | {:.4g} | {:.4g} | {:.4g} |\n", sh->name,
-                         net.name, r, p.step_s, p.comm_s, p.exposed_s,
-                         p.comm_s > 0 ? 100 * (1 - p.exposed_s / p.comm_s) : 100.0, z.step_s, z.comm_s, z.exposed_s);
+              const Prediction eager = predict_zero3(*sh, r, net.alpha, net.beta, false);
+              fmt::print("| {} | {} | {} | {:.4g} | {:.4g} | {:.4g} | {:.1f}% | {:.4g} | {:.4g} | {:.4g} | {:.4g} |\n",
+                         sh->name, net.name, r, p.step_s, p.comm_s, p.exposed_s,
+                         p.comm_s > 0 ? 100 * (1 - p.exposed_s / p.comm_s) : 100.0, z.step_s, z.comm_s, z.exposed_s,
+                         eager.step_s);
             }
       }
     }
