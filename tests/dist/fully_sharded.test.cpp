@@ -215,13 +215,60 @@ TEST_CASE("dist: ZeRO-3 holds one block's parameters at a time, and 1/N of the r
         CHECK(state.gathered <= 2 * block_bytes);
         // (and the next parameter's gradient arriving while it is on its way)
         CHECK(state.gradients <= grad_shard_bytes + one_reduction + largest + (step == 0 ? block_bytes : 0));
-        // Within two units, what is beyond the shards and the root (blocks here or arriving,
+        // Within two units, what is beyond the shards and the root (blocks here or arriving, their
         // gradients not yet in the shards) is within two blocks once the counts are known — unless a
         // block's own backward holds more (so tiny a model on 4 ranks: a reduction outweighs a block).
         const std::size_t two_units = std::max(2 * block_bytes, block_bytes + one_reduction + largest);
-        if (within_two_units && step > 0) CHECK(state.gathered + state.gradients - grad_shard_bytes <= two_units);
+        if (within_two_units && step > 0)
+          CHECK(state.gathered + state.gradients - state.root_gradients - grad_shard_bytes <= two_units);
         if (n <= 3) CHECK(one_reduction < block_bytes);  // (4 ranks of so tiny a model: a shard is under a weight)
       }
+    }
+}
+
+/// Backward ops at which a gathered block had parameters freed one by one.
+struct FreedEarly : Observer {
+  explicit FreedEarly(const dist::FullyShardedDataParallel& f) : fsdp(f) {}
+  void backward_op(const char*) override {
+    for (const dist::ShardedUnit& u : fsdp.units())
+      if (u.gathered && u.partly) {
+        ++count;
+        return;
+      }
+  }
+  const dist::FullyShardedDataParallel& fsdp;
+  std::int64_t count = 0;
+};
+
+TEST_CASE("dist: within two blocks, ZeRO-3 frees a block's parameters as their gradients are final and still "
+          "prefetches in backward, whatever the vocabulary", "[dist][fsdp]") {
+  for (const std::int64_t vocab : {std::int64_t{13}, std::int64_t{4096}})  // the root from under a block to 10 blocks
+    for (const std::string policy : {"none", "blocks"}) {
+      INFO("vocabulary " << vocab << ", policy " << policy);
+      nn::GPTConfig cfg = tiny_gpt();
+      cfg.vocab_size = vocab;
+      Generator init(5);
+      nn::GPT model(cfg, init);
+      apply_checkpointing(model, policy::parse(policy));
+      dist::FullyShardedDataParallel fsdp(world(), model);
+      dist::FullyShardedAdamW opt(fsdp, gpt_groups(model), kAdamW);
+      const std::int64_t blocks = cfg.n_layer;
+      for (int step = 0; step < 3; ++step) {
+        INFO("step " << step);
+        const std::int64_t gathers = fsdp.gathers();
+        std::int64_t prefetched = 0;
+        for (const dist::ShardedUnit& u : fsdp.units()) prefetched -= u.prefetched;
+        FreedEarly freed(fsdp);
+        micro_batch_loss(model, step, world().rank(), false).backward();
+        for (const dist::ShardedUnit& u : fsdp.units()) prefetched += u.prefetched;
+        CHECK(fsdp.gathers() - gathers == 2 * blocks);  // waiting for room never costs a gather
+        opt.step();
+        opt.zero_grad();
+        if (step == 0) continue;  // the first step reduces a block's gradients at its end
+        CHECK(freed.count > 0);
+        CHECK(prefetched > blocks - 1);  // the forward's, and some in backward
+      }
+      CHECK(fsdp.unused_prefetches() == 0);
     }
 }
 

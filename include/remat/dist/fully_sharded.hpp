@@ -29,12 +29,16 @@
 // unit by unit keeps a unit's whole local gradient from waiting for its last parameter: what is in
 // flight is one parameter.
 //
-// Why the model state stays within 16Ψ/N + two blocks (+ the root beyond its shard): in backward a
-// parameter whose gradient is final and which no node holds any more is freed at once, so a block
-// shrinks as its backward proceeds, and the next block's prefetch starts only when it fits beside
-// what is here and the largest gradient still to come. Every quantity that decision weighs is the
-// same on every rank (whole parameters, gradients, the last reductions sent, never whether one has
-// completed), so every rank starts the same all-gathers in the same order.
+// Why the model state stays within 16Ψ/N + two blocks (+ the root beyond its shard: its whole
+// parameters, and its gradients until reduced): in backward a parameter whose gradient is final
+// and which no node holds any more is freed at once, so a block shrinks as its backward proceeds,
+// and the next block's prefetch starts only when it fits beside what is here and the largest
+// gradient still to come. Every quantity that decision weighs comes from the graph and the sizes
+// (whole parameters, gradients, saved records, the last reductions sent — never whether one has
+// completed, nor who else holds a parameter on this rank), so every rank starts the same
+// all-gathers in the same order. A parameter read in backward must be saved by the node reading
+// it, as everywhere in remat (a closure holding it keeps its bytes on that rank; one holding only
+// a pointer reads it sharded: an error naming it).
 
 #include <algorithm>
 #include <cmath>
@@ -87,11 +91,13 @@ struct FullyShardedOptions {
 };
 
 /// A rank's bytes by kind at one moment: when its live bytes peaked, or its model state
-/// (FullyShardedDataParallel samples them at every op and backward op).
+/// (FullyShardedDataParallel samples them at every op and backward op, and as each gradient
+/// arrives, each reduction starts and each block is gathered).
 struct ShardedMemory {
   std::size_t live = 0;         ///< all the allocator's live bytes then
   std::size_t parameters = 0;   ///< the blocks' parameter shards, and the root unit whole
   std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad not yet final
+  std::size_t root_gradients = 0;  ///< of which the root's local .grad and reductions (beyond its shard)
   std::size_t gathered = 0;     ///< blocks' parameters gathered, and prefetches in flight
   std::size_t optimizer = 0;    ///< the FullyShardedAdamW's moments (none before its first step)
   std::size_t activations = 0;  ///< saved for backward (memory_stats().saved_activation_bytes)
@@ -221,6 +227,7 @@ class FullyShardedDataParallel : private remat::Observer {
     reduction_bytes_.resize(params_.size());
     own_refs_.resize(params_.size());
     pieces_.resize(params_.size());
+    done_with_.assign(params_.size(), 0);
     for (ShardedUnit& u : units_) {
       u.shards = ShardLayout(u.numel, n);
       const std::int64_t mine = u.shard_numel(rank);
@@ -445,6 +452,7 @@ class FullyShardedDataParallel : private remat::Observer {
     const auto which = static_cast<std::int64_t>(&u - units_.data());
     if (deferred_ == which) deferred_ = -1;  // needed now: no longer ahead
     if (!u.ahead.empty()) {
+      REMAT_ASSERT(u.ahead.size() == u.entries.size() && u.ahead_requests.size() == u.entries.size());
       detail::check_mpi(MPI_Waitall(static_cast<int>(u.ahead_requests.size()), u.ahead_requests.data(),
                                     MPI_STATUSES_IGNORE), "MPI_Waitall");
       for (std::size_t k = 0; k < u.entries.size(); ++k) {
@@ -470,6 +478,7 @@ class FullyShardedDataParallel : private remat::Observer {
     u.stale = false;
     u.gathered = true;
     u.partly = false;
+    for (const ShardedUnit::Entry& e : u.entries) done_with_[e.param] = 0;
     ++u.gathers;
     sample_memory();
     if (!u.root) prefetch_after(static_cast<std::size_t>(which));
@@ -481,9 +490,10 @@ class FullyShardedDataParallel : private remat::Observer {
     const Pieces& pc = pieces_[e.param];
     const int me = ctx_.rank();
     const auto mine = pc.counts[static_cast<std::size_t>(me)];
-    const float* from = u.root ? nullptr : u.params.data() + (e.offset + pc.offsets[static_cast<std::size_t>(me)] - u.shard_offset(me));
     static const float nothing = 0;  // what a rank holding none of it sends from
-    const void* send = u.root ? MPI_IN_PLACE : static_cast<const void*>(mine > 0 ? from : &nothing);
+    const void* send = MPI_IN_PLACE;
+    if (!u.root)
+      send = mine > 0 ? u.params.data() + (e.offset + pc.offsets[static_cast<std::size_t>(me)] - u.shard_offset(me)) : &nothing;
     if (request)
       detail::check_mpi(MPI_Iallgatherv(send, mine, MPI_FLOAT, to, pc.counts.data(), pc.offsets.data(), MPI_FLOAT,
                                         gather_comm_, request), "MPI_Iallgatherv");
@@ -492,7 +502,7 @@ class FullyShardedDataParallel : private remat::Observer {
                                        gather_comm_), "MPI_Allgatherv");
   }
 
-  // Block i was just gathered: start gathering the one expected next. A chain's steps are the
+  // Block i was just gathered: ask for the one expected next (started now, or once it fits). A chain's steps are the
   // stack's blocks in order, so the step its plan needs next is a block at the same distance.
   void prefetch_after(std::size_t i) {
     if (!prefetch_) return;
@@ -521,11 +531,14 @@ class FullyShardedDataParallel : private remat::Observer {
     if (within_two_units_ && working_set_bytes() + static_cast<std::size_t>(n.numel) * sizeof(float) > two_blocks_)
       return;
     deferred_ = -1;
+    // Every buffer first: an allocation that throws leaves nothing started.
+    std::vector<std::unique_ptr<remat::detail::Storage>> landing;
+    for (const ShardedUnit::Entry& e : n.entries)
+      landing.push_back(std::make_unique<remat::detail::Storage>(params_[e.param]->storage()->bytes()));
+    n.ahead = std::move(landing);
     n.ahead_requests.assign(n.entries.size(), MPI_REQUEST_NULL);
-    for (std::size_t k = 0; k < n.entries.size(); ++k) {
-      n.ahead.push_back(std::make_unique<remat::detail::Storage>(params_[n.entries[k].param]->storage()->bytes()));
+    for (std::size_t k = 0; k < n.entries.size(); ++k)
       gather_parameter(n, n.entries[k], static_cast<float*>(n.ahead[k]->raw_data()), &n.ahead_requests[k]);
-    }
     sample_memory();
   }
 
@@ -566,49 +579,61 @@ class FullyShardedDataParallel : private remat::Observer {
 
   void release(ShardedUnit& u) {
     if (u.root || !u.gathered || pinned_ > 0) return;
-    for (const ShardedUnit::Entry& e : u.entries) params_[e.param]->storage()->discard(away_[e.param]);
+    for (const ShardedUnit::Entry& e : u.entries) {
+      params_[e.param]->storage()->discard(away_[e.param]);
+      done_with_[e.param] = 0;
+    }
     u.gathered = false;
     u.partly = false;
   }
 
-  // After each backward op: a block's parameter whose gradient is final and which nothing but the
-  // model holds any more (no node saved it, or the one that did has run) is freed now rather than
+  // Before each backward op (the previous one has run and let go of what it saved): a block's
+  // parameter whose gradient is final and which no node holds any more is freed now rather than
   // with its block, making room for the next block while this one's backward goes on.
+  // Whether it is done with is decided from the graph alone (gradient final, no saved record
+  // holds it), the same on every rank; the bytes go only if nothing else on this rank holds the
+  // storage either (else they stay, and the next gather writes the same values over them).
   void free_finished_parameters() {
     for (auto it = finished_.begin(); it != finished_.end();) {
       ShardedUnit& u = units_[unit_of_[*it]];
       const std::shared_ptr<remat::detail::Storage>& st = params_[*it]->storage();
-      if (u.gathered && pinned_ == 0 && (st->saved_refs() > 0 || st.use_count() > own_refs_[*it])) {
+      if (u.gathered && pinned_ == 0 && st->saved_refs() > 0) {
         ++it;
         continue;
       }
       if (u.gathered && pinned_ == 0) {
-        st->discard(away_[*it]);
+        done_with_[*it] = 1;
         u.partly = true;
+        if (st.use_count() <= own_refs_[*it]) st->discard(away_[*it]);
       }
       it = finished_.erase(it);
     }
   }
 
-  // What a prefetch must fit beside (the same on every rank): the blocks' parameters here,
-  // prefetches in flight, gradients not yet sent and the reductions that may still be in flight (the
-  // last ones sent); and in backward, what the gradients still to come may add before a parameter
-  // is freed: as many reductions as may be in flight, of the largest, and the next gradient beside
-  // them (a linear layer's bias arrives while its weight's reduction runs) — or in the first step,
-  // which reduces a block's gradients together at its end, all of them.
-  std::size_t working_set_bytes() const {
+  // What a prefetch must fit beside, from quantities the same on every rank: the blocks'
+  // parameters here (done-with ones apart), prefetches in flight, the blocks' gradients not yet sent
+  // and their reductions that may still be in flight (the last ones sent, completed or not); and in
+  // backward, what the blocks' gradients still to come may add before a parameter is freed: as
+  // many reductions as may be in flight, of the largest, and the next gradient beside them (a
+  // linear layer's bias arrives while its weight's reduction runs) — or in the first step, which
+  // reduces a block's gradients together at its end, all of them. The root's gradients are not
+  // weighed: a tied embedding's waits from the head's backward to the embedding's, whatever the
+  // blocks do, and would stop every prefetch of a model with a large vocabulary.
+  std::size_t working_set_bytes() {
     std::size_t bytes = 0, to_come = 0, next_gradient = 0;
-    std::vector<std::size_t> reductions;  // of the gradients still to come
+    reserve_.clear();
     const bool backward = remat::detail::session().backward_depth > 0;
     for (const ShardedUnit& u : units_) {
+      if (u.root) continue;
       bytes += u.ahead_bytes();
+      if (!u.gathered) continue;
       for (const FlatEntry& e : u.entries) {
         const Tensor* p = params_[e.param];
-        const bool here = u.root || p->storage()->resident();
-        if (!u.root && here) bytes += p->nbytes();
+        if (done_with_[e.param]) continue;
+        bytes += p->nbytes();
         if (p->grad().defined()) bytes += p->grad().nbytes();
-        if (backward && here && !reduced_[e.param]) {
-          reductions.push_back(reduction_bytes_[e.param]);
+        if (backward && !reduced_[e.param]) {
+          reserve_.push_back(reduction_bytes_[e.param]);
           if (!p->grad().defined()) {
             to_come += p->nbytes();
             next_gradient = std::max(next_gradient, p->nbytes());
@@ -616,11 +641,12 @@ class FullyShardedDataParallel : private remat::Observer {
         }
       }
     }
-    for (std::size_t i : last_sent_) bytes += reduction_bytes_[i];
-    const std::size_t k = std::min(max_in_flight_, reductions.size());
-    std::partial_sort(reductions.begin(), reductions.begin() + static_cast<std::ptrdiff_t>(k), reductions.end(),
+    for (std::size_t i : last_sent_)
+      if (!units_[unit_of_[i]].root) bytes += reduction_bytes_[i];
+    const std::size_t k = std::min(max_in_flight_, reserve_.size());
+    std::partial_sort(reserve_.begin(), reserve_.begin() + static_cast<std::ptrdiff_t>(k), reserve_.end(),
                       std::greater<>());
-    for (std::size_t j = 0; j < k; ++j) bytes += reductions[j];
+    for (std::size_t j = 0; j < k; ++j) bytes += reserve_[j];
     return bytes + (expected_.empty() ? to_come : next_gradient);
   }
 
@@ -651,10 +677,16 @@ class FullyShardedDataParallel : private remat::Observer {
       for (const FlatEntry& e : u.entries) {
         const Tensor* p = params_[e.param];
         if (u.gathered && p->storage()->resident()) (u.root ? m.parameters : m.gathered) += p->nbytes();
-        if (p->grad().defined()) m.gradients += p->grad().nbytes();
+        if (!p->grad().defined()) continue;
+        m.gradients += p->grad().nbytes();
+        if (u.root) m.root_gradients += p->grad().nbytes();
       }
     }
-    for (const Reduction& r : pending_) m.gradients += r.local.nbytes() + (r.rows.defined() ? r.rows.nbytes() : 0);
+    for (const Reduction& r : pending_) {
+      const std::size_t bytes = r.local.nbytes() + (r.rows.defined() ? r.rows.nbytes() : 0);
+      m.gradients += bytes;
+      if (units_[unit_of_[r.param]].root) m.root_gradients += bytes;
+    }
     if (optimizer_) m.optimizer = optimizer_->state_bytes();
     if (m.live > peak_.live) peak_ = m;
     if (m.model_state() > peak_state_.model_state()) peak_state_ = m;
@@ -807,7 +839,7 @@ class FullyShardedDataParallel : private remat::Observer {
       return ConstVec((q == me ? r.local.data() + (r.from - e.offset) : r.rows.data() + other_slot(q) * count) + at, k);
     };
     // A block at a time through a buffer on the stack: no allocation the size of the piece.
-    constexpr std::int64_t kBlock = 1024;
+    constexpr std::int64_t kBlock = 256;
     alignas(64) float buffer[kBlock];
     float* shard = u.grads.data() + (r.from - u.shard_offset(me));
     for (std::int64_t at = 0; at < count; at += kBlock) {
@@ -850,8 +882,10 @@ class FullyShardedDataParallel : private remat::Observer {
   std::vector<Pieces> pieces_;                 ///< per parameter: its pieces in each rank's shard
   std::vector<long> own_refs_;                 ///< per parameter: holders of its storage outside any graph
   std::vector<std::size_t> finished_;          ///< block parameters reduced this backward, not yet freed
+  std::vector<char> done_with_;                ///< per parameter: freed one by one (on every rank alike)
   std::deque<std::size_t> last_sent_;          ///< the last reductions sent (those that may be in flight)
   std::int64_t deferred_ = -1;                 ///< a unit whose prefetch waits for room (-1: none)
+  std::vector<std::size_t> reserve_;           ///< working_set_bytes()'s scratch, kept to spare an allocation per op
   std::int64_t unused_prefetches_ = 0;
   ShardedMemory peak_, peak_state_;
   const detail::ShardedAdamWBase* optimizer_ = nullptr;  ///< the FullyShardedAdamW on this wrapper, while it lives
