@@ -2,6 +2,7 @@
 // same memory. One JSON line per setting, for benchmarks/memory_budget.py.
 //   memory_budget --model gpt|unet --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
 //                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2
+// (the U-Net's --hand: levels, levels:K — checkpoint() around every K levels of each path)
 // Every setting runs its steps in each round, settings alternating within a round; medians are
 // taken over all rounds. Budgets are fractions of the no-checkpoint step's peak of activation bytes
 // saved for backward (parameters apart, as the budget counts), and also each hand-placed policy's
@@ -46,18 +47,50 @@ struct UNetLike : nn::Module {
     register_module("head", *head);
   }
 
-  Tensor forward(const Tensor& x) {
+  /// Hand placement for a stack that is not a chain: with `group` > 0, every `group` consecutive
+  /// levels of the down path are one checkpoint() segment (its outputs: their skips), and so are
+  /// every `group` levels of the up path (its boundary: the stream and their skips).
+  Tensor forward(const Tensor& x, std::size_t group = 0) {
+    const std::size_t levels = down.size();
     std::vector<Tensor> skips;
     Tensor h = x;
-    for (auto& d : down) {
-      h = dropout(gelu((*d)(h)), p);
-      skips.push_back(h);
+    for (std::size_t i = 0; i < levels; i += std::max<std::size_t>(group, 1)) {
+      const std::size_t end = group ? std::min(levels, i + group) : i + 1;
+      auto downs = [this, i, end](const Tensor& in) {
+        std::vector<Tensor> out;
+        Tensor t = in;
+        for (std::size_t k = i; k < end; ++k) out.push_back(t = dropout(gelu((*down[k])(t)), p));
+        return out;
+      };
+      const std::vector<Tensor> made = group ? checkpoint(std::move(downs), h) : downs(h);  // held by the node
+      skips.insert(skips.end(), made.begin(), made.end());
+      h = made.back();
     }
     h = tanh((*bottom)(h));
-    for (std::size_t k = up.size(); k-- > 0;) h = (*norms[k])(gelu((*up[k])(h)) + skips[k]);
+    for (std::size_t stop = levels; stop > 0;) {
+      const std::size_t first = group && stop > group ? stop - group : group ? 0 : stop - 1;
+      auto ups = [this, first, stop](const Tensor& in, const std::vector<Tensor>& skip) {
+        Tensor t = in;
+        for (std::size_t k = stop; k-- > first;) t = (*norms[k])(gelu((*up[k])(t)) + skip[k - first]);
+        return t;
+      };
+      const std::vector<Tensor> skip(skips.begin() + static_cast<std::ptrdiff_t>(first),
+                                     skips.begin() + static_cast<std::ptrdiff_t>(stop));
+      h = group ? checkpoint(std::move(ups), h, skip) : ups(h, skip);
+      stop = first;
+    }
     return (*head)(h);
   }
 };
+
+/// The U-Net's hand placements: "levels" (each level a segment) or "levels:K" (K levels a segment).
+std::size_t unet_group(const std::string& policy) {
+  if (policy == "none" || policy.rfind("budget", 0) == 0) return 0;
+  if (policy == "levels") return 1;
+  REMAT_CHECK(policy.rfind("levels:", 0) == 0 && policy.size() > 7 && std::stoll(policy.substr(7)) > 0,
+              "memory_budget: the U-Net's hand placements are levels and levels:K (K > 0), got {}", policy);
+  return static_cast<std::size_t>(std::stoll(policy.substr(7)));
+}
 
 struct Setting {
   explicit Setting(std::string p, std::size_t bytes = 0, std::string from = {})
@@ -104,14 +137,20 @@ int main(int argc, char** argv) try {
   }
   nn::Module& model = gpt_model ? static_cast<nn::Module&>(*gpt) : static_cast<nn::Module&>(*unet);
   optim::SGD sgd(model.parameters(), {1e-4});
-  auto loss = [&] { return gpt_model ? gpt->loss(idx, targets) : mean(unet->forward(x) * unet->forward(x)); };
+  std::size_t unet_levels = 0;  // the U-Net's hand placement of the setting running
+  auto loss = [&] {
+    if (gpt_model) return gpt->loss(idx, targets);
+    const Tensor y = unet->forward(x, unet_levels);
+    return mean(y * y);
+  };
 
   // One step of a setting; returns its time in ms.
   auto run = [&](Setting& s, bool record) {
-    if (gpt_model) {
-      const bool budgeted = s.policy == "budget" || s.policy == "budget+plan";
+    const bool budgeted = s.policy == "budget" || s.policy == "budget+plan";
+    if (gpt_model)
       apply_checkpointing(*gpt, budgeted || s.policy == "none" ? Checkpointing::none() : policy::parse(s.policy));
-    }
+    else
+      unet_levels = unet_group(s.policy);
     const std::size_t base = memory_stats().saved_activation_bytes;
     MemoryScope scope;
     const auto t0 = std::chrono::steady_clock::now();
@@ -144,7 +183,7 @@ int main(int argc, char** argv) try {
   const std::size_t free_peak = none.peak;
   settings.push_back(none);
   std::vector<Setting> hand;
-  if (gpt_model) {
+  {
     std::stringstream list(a["hand"]);
     for (std::string p; std::getline(list, p, ',');) {
       Setting h{p};

@@ -16,7 +16,7 @@ from run import CONFIGS, pyplot, save_svg
 UNET = dict(layers=6, width=512, context=128, batch=8, vocab=256, heads=4)
 MODELS = [("small", "gpt", CONFIGS["small"], "blocks,sqrt,selective,uniform:2,binomial:4,budget:48"),
           ("deep", "gpt", CONFIGS["deep"], "blocks,sqrt,selective,uniform:2,binomial:4,budget:24"),
-          ("unet", "unet", UNET, "")]
+          ("unet", "unet", UNET, "levels,levels:2,levels:3")]
 
 
 def run(binary, model, cfg, hand, rounds, steps):

@@ -315,7 +315,8 @@ class BudgetCore {
     auto recipe = std::make_shared<Recipe>();
     recipe->op = out.op;
     recipe->flops = out.flops;
-    recipe->weight = out.flops + kFlopsPerOutputByte * static_cast<double>(out.bytes);
+    recipe->weight = out.flops + kFlopsPerOutputByte * static_cast<double>(out.bytes) +
+                     kFlopsPerInnerElement * out.inner_elements;
     recipe->order = next_order_++;
     recipe->index = by_index_.size();
     recipe->outputs.resize(values.size());
@@ -391,6 +392,14 @@ class BudgetCore {
   /// alone make the residual stream look free to rebuild. Measured: at 447 GFLOP/s a GEMM spends
   /// 2.2 ps a flop; dropout_add spends about 1.5 ns an element (Philox included).
   static constexpr double kFlopsPerOutputByte = 150.0;
+  /// The price of an element an op computes inside and drops (OpWork::inner_elements: an
+  /// attention's scores), in flops. Measured on one thread: the fused attention with dropout took
+  /// 482 µs at the deep GPT's shapes (B 4, 4 heads of 32, t 64) and 3.75 ms at the small GPT's (B 8,
+  /// 4 heads of 64, t 128), against 10 ps a flop for the qkv linear beside it: after its products,
+  /// 4.6-6.1 ns a score, about 500 of the linear's flops. Counted at flops alone, the budget took
+  /// an attention output for a fifth of its cost and recomputed 60 of them where per-block
+  /// checkpointing replays 32 (the deep GPT at blocks' peak); at 500, 30.
+  static constexpr double kFlopsPerInnerElement = 500.0;
 
   using CostMemo = std::unordered_map<const Recipe*, double>;
 
@@ -427,6 +436,7 @@ class BudgetCore {
   /// class is the best of its class up to that width, and a decision looks at one candidate per
   /// class instead of every registered output. Ties go to the earliest op, whatever the addresses.
   Storage* choose(const Storage* incoming) {
+    recost_stale();
     Storage* best = nullptr;
     double best_score = std::numeric_limits<double>::infinity();
     std::pair<std::uint64_t, std::size_t> best_key{};
@@ -509,25 +519,47 @@ class BudgetCore {
     cls->second.insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
   }
   /// `s` went away or came back: what rebuilding each candidate computed from it (through outputs
-  /// that are away, recursively) would cost has changed.
+  /// that are away, recursively) would cost has changed. Noted here, re-costed by the next search
+  /// (recost_stale): most releases of a step never meet a decision (none at all under a budget the
+  /// step fits, none under a replayed plan), and the walk, eager, was most of a budget's own time
+  /// on the deep GPT (2.7% of its step; cache misses in the maps, not instructions).
   void recost_readers(const Storage& s) {
+    stale_.push_back(s.serial());
+    // Bounded between searches: duplicates and the dead go, leaving at most one per storage that
+    // recipes read, so the next compaction is that many pushes away.
+    if (stale_.size() > 2 * reads_.size() + 1024) {
+      std::sort(stale_.begin(), stale_.end());
+      stale_.erase(std::unique(stale_.begin(), stale_.end()), stale_.end());
+      stale_.erase(std::remove_if(stale_.begin(), stale_.end(), [&](std::uint64_t k) { return !reads_.count(k); }),
+                   stale_.end());
+    }
+  }
+  /// The costs recost_readers noted as changed, brought up to date from the state now: index()
+  /// depends on that state alone, so doing it late gives the classes an eager walk would have.
+  void recost_stale() {
+    std::sort(stale_.begin(), stale_.end());
+    stale_.erase(std::unique(stale_.begin(), stale_.end()), stale_.end());
+    for (const std::uint64_t serial : stale_) recost_walk(serial);
+    stale_.clear();
+  }
+  void recost_walk(std::uint64_t first) {
     // Small: the readers of one storage, and whatever is away beyond them (a linear seen list).
-    std::vector<const Storage*> seen{&s}, todo{&s};
+    std::vector<std::uint64_t> seen{first}, todo{first};
     while (!todo.empty()) {
-      const Storage* from = todo.back();
+      const std::uint64_t from = todo.back();
       todo.pop_back();
-      const auto read = reads_.find(from->serial());
+      const auto read = reads_.find(from);
       if (read == reads_.end()) continue;
       for (const auto& reader : read->second.readers) {
         const std::shared_ptr<Recipe> recipe = reader.lock();
         if (!recipe) continue;
         for (const auto& w : recipe->outputs) {
           auto o = w.lock();
-          if (!o || std::find(seen.begin(), seen.end(), o.get()) != seen.end()) continue;
-          seen.push_back(o.get());
+          if (!o || std::find(seen.begin(), seen.end(), o->serial()) != seen.end()) continue;
+          seen.push_back(o->serial());
           auto it = entries_.find(o->serial());
           if (it == entries_.end()) continue;
-          if (!o->resident()) todo.push_back(o.get());
+          if (!o->resident()) todo.push_back(o->serial());
           else if (it->second.indexed) index(*it);
         }
       }
@@ -899,6 +931,7 @@ class BudgetCore {
     }
   };
   std::map<int, std::set<Slot>> index_;
+  std::vector<std::uint64_t> stale_;  // serials whose readers' costs changed since the last search
   std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order
   std::unordered_map<std::uint64_t, std::uint64_t> hashes_;  // under checkpoint checking
   // Every storage a recipe reads (parameters apart) with the recipes reading it and the references

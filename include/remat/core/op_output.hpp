@@ -88,6 +88,19 @@ inline OpId find_op(std::string_view name, const char* who = "find_op") {
   throw Error(fmt::format("{}: no op is named '{}'; the known ops are: {}", who, name, fmt::join(known_ops(), ", ")));
 }
 
+/// An op's estimate of its work, for cost models: its flops (copies count one per element), and
+/// the elements it computes and drops inside without writing them out (an attention's scores:
+/// their softmax, mask and dropout draw), which its flops and output bytes leave out. A double
+/// converts to flops alone, as most ops report.
+struct OpWork {
+  /// Flops alone (implicit: most ops report only these).
+  OpWork(double op_flops) : flops(op_flops) {}  // NOLINT(google-explicit-constructor)
+  /// Flops, and elements computed inside and dropped.
+  OpWork(double op_flops, double dropped_elements) : flops(op_flops), inner_elements(dropped_elements) {}
+  double flops;               ///< copies count one per element
+  double inner_elements = 0;  ///< computed inside, never written out
+};
+
 /// What an op reports about its outputs, before computing them and after. Most ops have one
 /// output; some also produce what their backward needs (layer_norm's per-row statistics, the
 /// attention's log-sum-exp, max's indices, cross_entropy's probabilities): `count` says how many,
@@ -108,6 +121,8 @@ struct OpOutput {
   /// How to compute the outputs again, when the op computed them (null when a decider handed them
   /// over or they were skipped): an observer that keeps recipes (a memory budget) takes it.
   const class RecomputeOffer* recompute = nullptr;
+  /// OpWork::inner_elements: what the op computes inside and drops (0 for most ops).
+  double inner_elements = 0;
 };
 
 /// How to compute an op's outputs again, taken by whoever keeps it (a memory budget): the

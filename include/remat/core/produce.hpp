@@ -115,11 +115,11 @@ class OfferedRecompute final : public RecomputeOffer {
 
 /// The outputs of `op` (element types Ts..., shapes `shapes`): compute() — which returns them as a
 /// tuple — unless a decider supplies them; the run scope and observers see what was made, and
-/// observers are offered how to compute it again. `flops` is the op's estimate of its work; `reads`
+/// observers are offered how to compute it again. `work` is the op's estimate of its work; `reads`
 /// are the tensors compute reads. compute captures by value: an observer may keep a copy and run it
 /// again later (a memory budget recomputing a discarded output).
 template <class... Ts, class Compute>
-std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, double flops,
+std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, OpWork work,
                                            const OpReads& reads, Compute&& compute) {
   RunScope* scope = RunScope::current();
   if (!scope && !observers_listening()) {
@@ -131,7 +131,8 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   const std::array<std::size_t, n> sizes{sizeof(Ts)...};
   std::size_t bytes = 0;
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
-  OpOutput out{op, shapes[0], dtypes[0], n, bytes, flops, is_replaying(), shapes.data(), dtypes.data()};
+  OpOutput out{op, shapes[0], dtypes[0], n, bytes, work.flops, is_replaying(), shapes.data(), dtypes.data()};
+  out.inner_elements = work.inner_elements;
   if (scope) out.position = scope->ops();
   // The scope hears the op first, then the observers.
   auto made = [&](const std::vector<TensorRef>& values) {
@@ -174,12 +175,12 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
 
 /// produce_all for an op with one output.
 template <class T, class Compute>
-BasicTensor<T> produce(OpId op, const Shape& shape, double flops, const OpReads& reads, Compute&& compute) {
+BasicTensor<T> produce(OpId op, const Shape& shape, OpWork work, const OpReads& reads, Compute&& compute) {
   if (!RunScope::current() && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();
   }
-  return std::get<0>(produce_all<T>(op, {shape}, flops, reads, [compute] { return std::tuple<BasicTensor<T>>(compute()); }));
+  return std::get<0>(produce_all<T>(op, {shape}, work, reads, [compute] { return std::tuple<BasicTensor<T>>(compute()); }));
 }
 
 }  // namespace remat::detail

@@ -202,6 +202,13 @@ namespace detail {
 
 /// causal_attention over q, k, v as the products read them in element type E (themselves, or
 /// their bfloat16 copies under autocast: what the node saves).
+/// An attention's work: its two products' flops, and its B·H·t² scores (scaled, masked, softmaxed,
+/// dropped out, then dropped), which cost it more than its products at a GPT's head sizes.
+inline OpWork attention_work(std::int64_t B, std::int64_t H, std::int64_t t, std::int64_t d) {
+  const double scores = static_cast<double>(B * H) * static_cast<double>(t * t);
+  return {4.0 * scores * static_cast<double>(d), scores};
+}
+
 template <class T, class E>
 BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
                                      const BasicTensor<E>& qe, const BasicTensor<E>& ke, const BasicTensor<E>& ve,
@@ -211,10 +218,10 @@ BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<
   const auto layout = AttentionLayout::separate(B, H, t, d);
 
   // The log-sum-exp per row is an output too: whoever keeps y keeps what its backward needs.
-  const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
   // The compute reads (and a memory budget's recompute keeps) q, k, v as the products take them.
   const Shape shape = q.shape();
-  auto [y, lse] = produce_all<T, T>(op::causal_attention, {shape, Shape{B, H, t}}, flops, {qe, ke, ve}, [=] {
+  auto [y, lse] = produce_all<T, T>(op::causal_attention, {shape, Shape{B, H, t}}, attention_work(B, H, t, d),
+                                    {qe, ke, ve}, [=] {
     BasicTensor<T> out_y(shape), out_lse(Shape{B, H, t});
     attention_forward(layout, qe.cdata(), ke.cdata(), ve.cdata(), out_y.data(), out_lse.data(), scale, drop.threshold,
                       drop.scale, drop.at_entry);
@@ -244,8 +251,8 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const auto layout = AttentionLayout::packed(B, H, t, d);
 
-  const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(t * t) * static_cast<double>(d);
-  auto [y, lse] = produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, flops, {qkve}, [=] {
+  auto [y, lse] = produce_all<T, T>(op::causal_self_attention, {Shape{B, t, C}, Shape{B, H, t}}, attention_work(B, H, t, d),
+                                    {qkve}, [=] {
     BasicTensor<T> out_y(Shape{B, t, C}), out_lse(Shape{B, H, t});
     const E* base = qkve.cdata();
     attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.threshold,
