@@ -111,6 +111,30 @@ TEST_CASE("plan: predicted bytes and a readable table", "[schedule]") {
   REQUIRE_ERROR(remat::plan(policy::uniform(0), 8), "uniform", "at least 1");
 }
 
+TEST_CASE("budget: a policy asked again for a chain it planned gives that chain's schedule, never another's",
+          "[schedule][budget]") {
+  // The policy keeps its last schedule (a training loop asks every step); asked for another chain
+  // (other costs, other length) it plans that one, and each answer is what a fresh policy gives.
+  const auto actions = [](const Policy& p, std::int64_t L, const std::vector<StepCost>& costs) {
+    std::vector<Action> out;
+    const auto stream = p.stream(L, &costs);
+    for (Action a{Action::Kind::advance, 0}; stream->next(a);) out.push_back(a);
+    return out;
+  };
+  Generator g(4);
+  const std::vector<StepCost> a = random_costs(12, g), b = random_costs(12, g), c = random_costs(9, g);
+  std::size_t bytes = 0;
+  for (const StepCost& k : a) bytes += k.state_bytes + k.activation_bytes;
+  bytes /= 2;
+  const Policy kept = policy::budget(bytes, 64);
+  for (int round = 0; round < 2; ++round)
+    for (const auto& [L, costs] : {std::pair{std::int64_t{12}, &a}, std::pair{std::int64_t{12}, &b},
+                                   std::pair{std::int64_t{9}, &c}, std::pair{std::int64_t{12}, &a}}) {
+      INFO("round " << round << ", L = " << L);
+      CHECK(actions(kept, L, *costs) == actions(policy::budget(bytes, 64), L, *costs));
+    }
+}
+
 TEST_CASE("budget: fits its budget, never worse than the best uniform that fits, optimal on small chains", "[schedule][budget]") {
   Generator g(21);
   for (int trial = 0; trial < 40; ++trial) {
