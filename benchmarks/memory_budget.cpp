@@ -63,7 +63,7 @@ struct UNetLike : nn::Module {
         for (std::size_t k = i; k < end; ++k) out.push_back(t = dropout(gelu((*down[k])(t)), p));
         return out;
       };
-      const std::vector<Tensor> made = group ? checkpoint(std::move(downs), h) : downs(h);  // held by the node
+      const std::vector<Tensor> made = group ? checkpoint(std::move(downs), h) : downs(h);  // the node keeps downs
       skips.insert(skips.end(), made.begin(), made.end());
       h = made.back();
     }
@@ -158,9 +158,9 @@ int main(int argc, char** argv) try {
         if (it == parsed.end()) it = parsed.emplace(s.policy, policy::parse(s.policy)).first;
         apply_checkpointing(*gpt, it->second);
       }
-    }
-    else
+    } else {
       unet_levels = unet_group(s.policy);
+    }
     const std::size_t base = memory_stats().saved_activation_bytes;
     MemoryScope scope;
     const auto t0 = std::chrono::steady_clock::now();

@@ -200,8 +200,6 @@ DropoutDraw<T> attention_dropout(double dropout_p, bool training, std::int64_t e
 
 namespace detail {
 
-/// causal_attention over q, k, v as the products read them in element type E (themselves, or
-/// their bfloat16 copies under autocast: what the node saves).
 /// An attention's work: its two products' flops, and its B·H·t² scores (scaled, masked, softmaxed,
 /// dropped out, then dropped), which cost it more than its products at a GPT's head sizes.
 inline OpWork attention_work(std::int64_t B, std::int64_t H, std::int64_t t, std::int64_t d) {
@@ -209,6 +207,8 @@ inline OpWork attention_work(std::int64_t B, std::int64_t H, std::int64_t t, std
   return {4.0 * scores * static_cast<double>(d), scores};
 }
 
+/// causal_attention over q, k, v as the products read them in element type E (themselves, or
+/// their bfloat16 copies under autocast: what the node saves).
 template <class T, class E>
 BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
                                      const BasicTensor<E>& qe, const BasicTensor<E>& ke, const BasicTensor<E>& ve,
