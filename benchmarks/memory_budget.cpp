@@ -1,14 +1,20 @@
 // Step time against a hard memory budget (MemoryBudget), next to hand-placed checkpointing at the
 // same memory. One JSON line per setting, for benchmarks/memory_budget.py.
 //   memory_budget --model gpt|unet --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
-//                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2
+//                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2 --pairs 0
 // (the U-Net's --hand: levels, levels:K — checkpoint() around every K levels of each path)
 // Every setting runs its steps in each round, settings alternating within a round; medians are
 // taken over all rounds. Budgets are fractions of the no-checkpoint step's peak of activation bytes
 // saved for backward (parameters apart, as the budget counts), and also each hand-placed policy's
 // own measured peak (the equal-memory comparison). A budget below
-// the least feasible one prints that least instead of a time. "budget+plan" replays the static plan
-// of the budgeted step's first run.
+// the least feasible one prints that least instead of a time. "budget" is a fresh budget every
+// step (its search by staleness, every step); "budget+plan" replays the plan a budget living across
+// steps settles on: the cheaper of its first step's search and its second's, which looks ahead
+// with the first step's reads.
+// With --pairs N, each hand-placed policy and the plan at its peak then run N more steps each, one
+// of each in turn (which goes first alternates), and a "pair" line gives every pair's plan / hand
+// ratio: on a shared machine the drift between two settings a round apart is as large as the
+// difference asked about, and within a pair it mostly cancels.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -118,7 +124,7 @@ int main(int argc, char** argv) try {
       argc, argv,
       {{"model", "gpt"}, {"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"}, {"batch", "8"},
        {"vocab", "256"}, {"dropout", "0.1"}, {"fractions", "1,0.9,0.8,0.7,0.6,0.5,0.4,0.3,0.2,0.1"},
-       {"hand", "blocks,sqrt"}, {"rounds", "3"}, {"steps", "2"}},
+       {"hand", "blocks,sqrt"}, {"rounds", "3"}, {"steps", "2"}, {"pairs", "0"}},
       "memory_budget");
   Generator gen(0);
   const bool gpt_model = a["model"] == "gpt";
@@ -187,6 +193,19 @@ int main(int argc, char** argv) try {
     }
   };
 
+  // Two steps under one budget, without checkpointing: what it replays from its third step on.
+  auto settled_plan = [&](std::size_t bytes) {
+    if (gpt_model) apply_checkpointing(*gpt, Checkpointing::none());
+    unet_levels = 0;
+    MemoryBudget living(bytes);
+    for (int i = 0; i < 2; ++i) {
+      loss().backward();
+      sgd.step();
+      sgd.zero_grad();
+    }
+    return living.plan();
+  };
+
   std::vector<Setting> settings;
   Setting none{"none"};
   run(none, true);
@@ -215,7 +234,7 @@ int main(int argc, char** argv) try {
       }
       return;
     }
-    s.plan = DiscardPlan::from(s.log);
+    s.plan = settled_plan(bytes);
     settings.push_back(s);
     Setting planned = s;
     planned.policy = "budget+plan";
@@ -239,6 +258,26 @@ int main(int argc, char** argv) try {
                "\"recomputed_gflop\": {:.4f}, \"decisions\": {}, \"search_ms\": {:.3f}, \"threads\": {}}}\n",
                a["model"], s.policy, s.at, s.budget, free_peak, s.peak, fmt::join(s.ms, ", "), median(s.ms),
                s.log.discards, s.log.recomputes, s.log.recomputed_flops / 1e9, s.log.decisions, s.log.search_seconds * 1e3, get_num_threads());
+
+  const int pairs = std::stoi(a["pairs"]);
+  for (const Setting& h : hand) {
+    const auto at = std::find_if(settings.begin(), settings.end(),
+                                 [&](const Setting& s) { return s.policy == "budget+plan" && s.at == h.policy; });
+    if (pairs <= 0 || at == settings.end()) continue;
+    Setting by_hand = h, planned = *at;
+    by_hand.ms.clear();
+    planned.ms.clear();
+    std::vector<double> ratios;
+    for (int i = 0; i < pairs; ++i) {
+      Setting* order[2] = {&by_hand, &planned};
+      if (i % 2 == 1) std::swap(order[0], order[1]);
+      for (Setting* s : order) run(*s, true);
+      ratios.push_back(planned.ms.back() / by_hand.ms.back());
+    }
+    fmt::print("{{\"model\": \"{}\", \"policy\": \"pair\", \"at\": \"{}\", \"ratios\": [{:.4f}], "
+               "\"median_ratio\": {:.4f}, \"hand_ms\": {:.3f}, \"plan_ms\": {:.3f}}}\n",
+               a["model"], h.policy, fmt::join(ratios, ", "), median(ratios), median(by_hand.ms), median(planned.ms));
+  }
   return 0;
 } catch (const remat::Error& e) {
   fmt::print(stderr, "{}\n", e.what());

@@ -78,6 +78,9 @@ struct BudgetLog {
   bool reused_plan = false;
   /// Whether a step that began replaying went back to searching because its ops differed.
   bool plan_abandoned = false;
+  /// Whether the step searched knowing when the last step read each output (a budget living
+  /// across steps searches its second step so, then replays the cheaper of the two searches).
+  bool looked_ahead = false;
   std::size_t peak_saved_bytes = 0;  ///< of this thread's saved activation bytes during the step
   /// When the step did not fit: the budget its decisions (this log) fit, measured; else 0.
   std::size_t least_feasible = 0;

@@ -155,8 +155,9 @@ struct FitSample {
   std::size_t least_feasible = 0;  // a budget that did not fit: the least that works
 };
 
-/// Runs `micro_batches` micro-batches of `rows` rows under `setting` (after one warm-up), forward
-/// and backward: the most any allocated on top, and the median time of one.
+/// Runs `micro_batches` micro-batches of `rows` rows under `setting` (after one warm-up; two under
+/// a budget, whose second step searches again before its plan settles), forward and backward: the
+/// most any allocated on top, and the median time of one.
 template <class Model, class LossOf>
 FitSample fit_measure(Model& model, LossOf& loss_of, const std::string& setting, std::optional<std::size_t> budget,
                       std::int64_t rows, int micro_batches, bool accumulated) {
@@ -165,7 +166,8 @@ FitSample fit_measure(Model& model, LossOf& loss_of, const std::string& setting,
   if (budget) guard.emplace(*budget);
   FitSample out;
   std::vector<double> times;
-  for (int i = 0; i <= micro_batches; ++i) {
+  const int warm_ups = budget ? 2 : 1;
+  for (int i = 0; i < warm_ups + micro_batches; ++i) {
     if (!accumulated)
       for (Tensor* p : model.parameters()) p->zero_grad();
     MemoryScope scope;
@@ -183,7 +185,7 @@ FitSample fit_measure(Model& model, LossOf& loss_of, const std::string& setting,
       throw Error(fmt::format("fit_in_memory: a micro-batch of {} rows under {} failed: {}", rows, setting, e.what()));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (i == 0) continue;  // the warm-up: allocates the gradients, measures chain costs, makes a budget's plan
+    if (i < warm_ups) continue;  // allocates the gradients, measures chain costs, settles a budget's plan
     times.push_back(seconds);
     out.extra_bytes = std::max(out.extra_bytes, scope.peak_bytes() - scope.start_bytes());
     out.activation_bytes = std::max(out.activation_bytes,

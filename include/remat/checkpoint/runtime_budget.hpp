@@ -24,7 +24,9 @@
 // of a step are logged, and the log of one step is a static plan the next steps replay without
 // searching (training steps repeat): a budget that lives across steps does so by itself, while
 // each step registers the ops of the last one (op, output bytes, in order), and searches again
-// from the first op that differs.
+// from the first op that differs. Its second step searches knowing when the first read each output
+// (budget_uses.hpp: the farthest next read goes first instead of the stalest), and from the third
+// on it replays the cheaper of the two searches.
 //
 // With a BudgetOffload, a discard may write the output to a file instead, read back when backward
 // needs it: chosen tensor by tensor, when writing and reading its bytes would take less time than
@@ -60,6 +62,7 @@
 
 #include "remat/checkpoint/budget_disk.hpp"
 #include "remat/checkpoint/budget_log.hpp"
+#include "remat/checkpoint/budget_uses.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
 #include "remat/core/autograd.hpp"
@@ -109,6 +112,9 @@ class BudgetCore {
   const BudgetLog& last_log() const { return last_log_; }
   /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
   std::size_t least_feasible_bytes() const { return last_log_.least_feasible; }
+  /// What the next step replays, if it repeats the last (the cheaper search, after the second
+  /// step); else the last step's decisions.
+  DiscardPlan plan() const { return reusing_ && !given_plan_ ? *plan_ : DiscardPlan::from(last_log_); }
 
   // --- the scope's end ---------------------------------------------------------------------------
   /// Outputs still discarded and needed by a graph kept for another backward (or never run) are
@@ -164,7 +170,11 @@ class BudgetCore {
     if (closing_) return nullptr;
     std::shared_ptr<Storage> held = h.ref.storage;
     if (!held->resident()) rebuild(*held);
-    if (auto it = entries_.find(held->serial()); it != entries_.end()) touch(*it, ++clock_);
+    uses_.tick();
+    if (auto it = entries_.find(held->serial()); it != entries_.end()) {
+      uses_.read(it->second.recipe->index, it->second.output);
+      touch(*it, ++clock_);
+    }
     sweep(held.get());
     return held;
   }
@@ -296,7 +306,9 @@ class BudgetCore {
     std::shared_ptr<Recipe> recipe;
     Storage* storage = nullptr;  // valid while recipe->outputs[output] has not expired
     std::size_t output = 0;
-    std::uint64_t last_use = 0;
+    // Its place in its class, least first: its last use (DTR's staleness), or, looking ahead,
+    // kNever less its next read (the farthest read first).
+    std::uint64_t rank = 0;
     double cost = 0;       // what rebuilding it would cost now (cost()), kept current while indexed
     int bucket = 0;        // its class of cost per byte in the index
     bool indexed = false;  // a candidate: saved, resident, registered
@@ -323,6 +335,7 @@ class BudgetCore {
     recipe->versions.resize(values.size());
     bool any = false;
     const std::uint64_t now = ++clock_;
+    uses_.tick();
     for (std::size_t i = 0; i < values.size(); ++i) {
       Storage* s = values[i].storage.get();
       // A view of an input (reshape) is not this op's to recompute; nor is an empty tensor, nor
@@ -330,7 +343,8 @@ class BudgetCore {
       if (s->serial() < how.first_new_serial || s->bytes() == 0 || entries_.count(s->serial())) continue;
       recipe->outputs[i] = values[i].storage;
       recipe->versions[i] = s->version();
-      auto entry = entries_.insert_or_assign(s->serial(), Entry{recipe, s, i, now}).first;
+      auto entry = entries_.insert_or_assign(s->serial(), Entry{recipe, s, i}).first;
+      entry->second.rank = rank(entry->second, now);
       if (s->saved_refs() > 0) index(*entry);  // a candidate once something saves it (make_room)
       any = true;
     }
@@ -340,10 +354,18 @@ class BudgetCore {
     std::uint64_t sig = fnv1a(out.op.name(), std::strlen(out.op.name()));
     sig = fnv1a(&out.bytes, sizeof out.bytes, sig);
     ops_.push_back(sig);
-    if (reusing_ && (ops_.size() > last_ops_.size() || last_ops_[ops_.size() - 1] != sig)) {
-      plan_.reset();  // a different step: the search decides from here on
-      reusing_ = false;
-      log_.plan_abandoned = true;
+    if (!diverged_ && (reusing_ || uses_.ahead()) &&
+        (ops_.size() > last_ops_.size() || last_ops_[ops_.size() - 1] != sig)) {
+      // A different step: the search decides from here on, by staleness (the reads ahead were
+      // another step's).
+      diverged_ = true;
+      uses_.forget_ahead();
+      rerank();
+      if (reusing_) {
+        plan_.reset();
+        reusing_ = false;
+        log_.plan_abandoned = true;
+      }
     }
     if (!any) return;
     recipe->how = std::move(how);
@@ -357,7 +379,10 @@ class BudgetCore {
       recipe->read_refs[i] = read->second.refs;
       read->second.readers.push_back(recipe);
       if (fresh) pending_.insert(in->serial());
-      if (auto it = entries_.find(in->serial()); it != entries_.end()) touch(*it, now);
+      if (auto it = entries_.find(in->serial()); it != entries_.end()) {
+        uses_.read(it->second.recipe->index, it->second.output);
+        touch(*it, now);
+      }
     }
     sweep(nullptr);
   }
@@ -435,6 +460,8 @@ class BudgetCore {
   /// neighbours) and, inside a class, oldest use first; so the oldest discardable candidate of each
   /// class is the best of its class up to that width, and a decision looks at one candidate per
   /// class instead of every registered output. Ties go to the earliest op, whatever the addresses.
+  /// Looking ahead (budget_uses.hpp), staleness is the distance to the next read, and the farthest
+  /// comes first in a class.
   Storage* choose(const Storage* incoming) {
     recost_stale();
     Storage* best = nullptr;
@@ -463,8 +490,7 @@ class BudgetCore {
           ++it;  // held for now by a user, an op or a backward
           continue;
         }
-        const double staleness = static_cast<double>(clock_ - e.last_use + 1);
-        const double score = e.cost / (static_cast<double>(s->bytes()) * staleness);
+        const double score = e.cost / (static_cast<double>(s->bytes()) * distance(e));
         const std::pair<std::uint64_t, std::size_t> key{e.recipe->order, e.output};
         if (score < best_score || (score == best_score && key < best_key)) {
           best = s;
@@ -495,28 +521,40 @@ class BudgetCore {
     }
     e.bucket = static_cast<int>(std::floor(std::log(e.cost / static_cast<double>(e.storage->bytes())) /
                                            std::log(kClassWidth)));
-    index_[e.bucket].insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+    index_[e.bucket].insert(Slot{e.rank, e.recipe->order, e.output, ref.first});
     e.indexed = true;
   }
   void unindex(EntryRef& ref) {
     Entry& e = ref.second;
     if (!e.indexed) return;
     auto cls = index_.find(e.bucket);
-    cls->second.erase(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+    cls->second.erase(Slot{e.rank, e.recipe->order, e.output, ref.first});
     if (cls->second.empty()) index_.erase(cls);
     e.indexed = false;
   }
-  /// A use of a registered output: staleness restarts.
+  /// Where an entry used at `now` (the budget's clock) stands in its class: by its last use, or,
+  /// with the last step's reads to look ahead with, by how far its next read is.
+  std::uint64_t rank(const Entry& e, std::uint64_t now) const {
+    return uses_.ahead() ? BudgetUses::kNever - uses_.next_read(e.recipe->index, e.output) : now;
+  }
+  /// The score's divisor beside the bytes: the staleness of the last use, or the ticks to the next
+  /// read (a read that the step has passed without making counts as imminent).
+  double distance(const Entry& e) const {
+    if (!uses_.ahead()) return static_cast<double>(clock_ - e.rank + 1);
+    const std::uint64_t next = BudgetUses::kNever - e.rank;
+    return next > uses_.now() ? static_cast<double>(next - uses_.now()) : 1.0;
+  }
+  /// A use of a registered output: staleness restarts, or the next read is the one after.
   void touch(EntryRef& ref, std::uint64_t now) {
     Entry& e = ref.second;
     if (!e.indexed) {
-      e.last_use = now;
+      e.rank = rank(e, now);
       return;
     }
     auto cls = index_.find(e.bucket);
-    cls->second.erase(Slot{e.last_use, e.recipe->order, e.output, ref.first});
-    e.last_use = now;
-    cls->second.insert(Slot{e.last_use, e.recipe->order, e.output, ref.first});
+    cls->second.erase(Slot{e.rank, e.recipe->order, e.output, ref.first});
+    e.rank = rank(e, now);
+    cls->second.insert(Slot{e.rank, e.recipe->order, e.output, ref.first});
   }
   /// `s` went away or came back: what rebuilding each candidate computed from it (through outputs
   /// that are away, recursively) would cost has changed. Noted here, re-costed by the next search
@@ -764,6 +802,7 @@ class BudgetCore {
       TimelineSpan span(r->op.name(), "rebuild");
       const auto start = std::chrono::steady_clock::now();
       fresh = r->how.compute();
+      step_weight_ += r->weight;
       if (disk_)  // recomputing's measured speed, against which the disk's is weighed
         disk_->recomputed(r->weight, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
@@ -894,20 +933,67 @@ class BudgetCore {
     last_log_ = std::move(log_);
     last_log_.least_feasible = over_ ? least_ : 0;
     last_first_over_ = first_over_;
-    // A step that fitted its budget is the plan of the next, if the next repeats it (a plan the
-    // user gave stays theirs; a step that did not fit leaves the retry to the user).
-    if (!given_plan_) {
-      reusing_ = last_log_.least_feasible == 0 && last_log_.plan_misses == 0;
-      if (reusing_) {
-        plan_ = DiscardPlan::from(last_log_);
-        last_ops_ = std::move(ops_);
-      } else {
-        plan_.reset();
-      }
-    }
+    if (given_plan_) uses_.end_step(false);  // the user's plan is replayed, never searched
+    else plan_next_step();
     ops_.clear();
+    diverged_ = false;
+    step_weight_ = 0;
     begin_step();
     log_.reused_plan = reusing_;
+    log_.looked_ahead = uses_.ahead() && !reusing_;
+  }
+
+  /// A step that fitted its budget plans the next, if the next repeats it (a plan the user gave
+  /// stays theirs; a step that did not fit leaves the retry to the user). A step that searched
+  /// (the first, or one whose ops changed) is searched again, knowing when it read each output
+  /// (budget_uses.hpp); from then on the cheaper of the two, by what their recomputations weighed,
+  /// is replayed. With a disk (BudgetOffload), whose reads the weights do not count, and when the
+  /// search discarded nothing, the first is replayed at once.
+  void plan_next_step() {
+    const bool fit = last_log_.least_feasible == 0 && last_log_.plan_misses == 0;
+    if (!fit) {
+      phase_ = Phase::search;
+      plan_.reset();
+      first_.reset();
+      reusing_ = false;
+      uses_.end_step(false);
+      rerank();
+      return;
+    }
+    DiscardPlan made = DiscardPlan::from(last_log_);
+    if (phase_ == Phase::search || diverged_) {
+      if (made.discards.empty() || disk_) {
+        phase_ = Phase::replay;
+        plan_ = std::move(made);
+      } else {
+        phase_ = Phase::refine;
+        first_ = std::move(made);
+        first_weight_ = step_weight_;
+        plan_.reset();
+      }
+    } else if (phase_ == Phase::refine) {
+      phase_ = Phase::replay;
+      plan_ = step_weight_ < first_weight_ ? std::move(made) : std::move(*first_);
+      first_.reset();
+    } else {
+      plan_ = std::move(made);  // replayed, with what a search added if the plan fell short
+    }
+    reusing_ = phase_ == Phase::replay;
+    uses_.end_step(true);
+    rerank();
+    last_ops_ = std::move(ops_);
+  }
+
+  /// Every candidate placed again in its class, after the rank's meaning changed (looking ahead
+  /// or not).
+  void rerank() {
+    for (auto& ref : entries_) {
+      Entry& e = ref.second;
+      const bool indexed = e.indexed && !e.recipe->outputs[e.output].expired();
+      unindex(ref);
+      e.rank = rank(e, clock_);
+      if (indexed) index(ref);
+    }
   }
 
   std::size_t budget_;
@@ -917,17 +1003,25 @@ class BudgetCore {
   std::optional<DiscardPlan> plan_;
   bool given_plan_ = false;  // plan_ is the user's (MemoryBudget(plan)), not the last step's
   bool reusing_ = false;     // plan_ is the last step's, replayed while the ops repeat
+  // Searched by staleness; searched again looking ahead; replaying the cheaper (plan_next_step).
+  enum class Phase { search, refine, replay };
+  Phase phase_ = Phase::search;
+  std::optional<DiscardPlan> first_;  // while refining: the searched step's plan, and its weight
+  double first_weight_ = 0;
+  double step_weight_ = 0;  // what this step's recomputations weighed (Recipe::weight)
+  bool diverged_ = false;   // this step's ops stopped repeating the last step's
+  BudgetUses uses_;         // when this step read each output, and when the last one did
   std::vector<std::uint64_t> ops_, last_ops_;  // this step's and the last one's op sequence
   std::size_t next_planned_ = 0;
   // Registered outputs by their storage's serial (serials are never reused, addresses are).
   std::unordered_map<std::uint64_t, Entry> entries_;
   // The candidates for discarding, by class of cost per byte, oldest use first within a class.
   struct Slot {
-    std::uint64_t last_use, order;
+    std::uint64_t rank, order;
     std::size_t output;
     std::uint64_t serial;
     bool operator<(const Slot& o) const {
-      return std::tie(last_use, order, output) < std::tie(o.last_use, o.order, o.output);
+      return std::tie(rank, order, output) < std::tie(o.rank, o.order, o.output);
     }
   };
   std::map<int, std::set<Slot>> index_;
@@ -1014,8 +1108,10 @@ class MemoryBudget final {
   const BudgetLog& log() const { return core_->log(); }
   /// The log of the last step that ended with a backward.
   const BudgetLog& last_log() const { return core_->last_log(); }
-  /// The last completed step's decisions as a static plan.
-  DiscardPlan plan() const { return DiscardPlan::from(core_->last_log()); }
+  /// The decisions the next step replays if it repeats the last one — from the third step of a
+  /// budget living across steps, the cheaper of its first two steps' searches — else the last
+  /// completed step's decisions, as a static plan.
+  DiscardPlan plan() const { return core_->plan(); }
   /// After an infeasible step: the smallest budget that worked for it (measured); else 0.
   std::size_t least_feasible_bytes() const { return core_->least_feasible_bytes(); }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,16 @@ struct StepCost {
   bool saves_output = false;         ///< x_{i+1} is among them: one storage with the next step or its snapshot
   bool compact = false;              ///< recorded in forward, it is held without its parameters (compact_records.hpp)
   std::size_t reverse_bytes = 0;     ///< of them, saved only while it is reversed (a checkpoint() inside replays)
+
+  /// Field by field: two steps that cost the same get the same schedule.
+  friend bool operator==(const StepCost& a, const StepCost& b) {
+    return std::tie(a.compute, a.state_bytes, a.activation_bytes, a.param_bytes, a.params, a.reads_input,
+                    a.saves_output, a.compact, a.reverse_bytes) ==
+           std::tie(b.compute, b.state_bytes, b.activation_bytes, b.param_bytes, b.params, b.reads_input,
+                    b.saves_output, b.compact, b.reverse_bytes);
+  }
+  /// Not field by field equal.
+  friend bool operator!=(const StepCost& a, const StepCost& b) { return !(a == b); }
 };
 
 /// A schedule held as a list of actions, in the order the executor runs them.

@@ -305,16 +305,10 @@ struct BudgetMemo {
   std::shared_ptr<const Schedule> schedule;
   std::string note;
 
-  static bool same(const StepCost& a, const StepCost& b) {
-    return std::tie(a.compute, a.state_bytes, a.activation_bytes, a.param_bytes, a.params, a.reads_input,
-                    a.saves_output, a.compact, a.reverse_bytes) ==
-           std::tie(b.compute, b.state_bytes, b.activation_bytes, b.param_bytes, b.params, b.reads_input,
-                    b.saves_output, b.compact, b.reverse_bytes);
-  }
   /// The schedule made for this chain last, if the last was this chain.
   std::unique_ptr<ActionStream> find(std::int64_t steps, const std::vector<StepCost>& c) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!schedule || steps != L || !std::equal(c.begin(), c.end(), costs.begin(), costs.end(), same)) return nullptr;
+    if (!schedule || steps != L || c != costs) return nullptr;
     return std::make_unique<ListStream>(*schedule, note);
   }
   void keep(std::int64_t steps, const std::vector<StepCost>& c, const Schedule& made, const std::string& why) {
