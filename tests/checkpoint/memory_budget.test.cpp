@@ -49,6 +49,18 @@ struct UNetLike : nn::Module {
   }
 };
 
+/// Eight blocks of width 64 with dropout: deep enough that where the budget discards matters.
+nn::GPTConfig eight_block_gpt() {
+  nn::GPTConfig cfg;
+  cfg.n_layer = 8;
+  cfg.n_embd = 64;
+  cfg.n_head = 2;
+  cfg.block_size = 32;
+  cfg.vocab_size = 64;
+  cfg.dropout = 0.1;
+  return cfg;
+}
+
 struct StepResult {
   std::size_t peak_saved = 0;  // activation bytes saved for backward (parameters apart)
   std::size_t peak_live = 0;   // every tensor byte
@@ -159,13 +171,7 @@ TEST_CASE("memory budget: at per-block checkpointing's peak it rebuilds each blo
   // An attention's scores (softmax, mask, dropout draw, all dropped) cost it more than its products
   // at a GPT's head sizes. Priced at its flops alone, the budget took its output for a fifth of its
   // cost and rebuilt it 12 times here for 8 blocks (where a per-block replay runs each once).
-  nn::GPTConfig cfg;
-  cfg.n_layer = 8;
-  cfg.n_embd = 64;
-  cfg.n_head = 2;
-  cfg.block_size = 32;
-  cfg.vocab_size = 64;
-  cfg.dropout = 0.1;
+  const nn::GPTConfig cfg = eight_block_gpt();
   Generator init(1);
   nn::GPT gpt(cfg, init);
   const LongTensor idx = randint(0, 64, {2, 32}, init), targets = randint(0, 64, {2, 32}, init);
@@ -559,15 +565,8 @@ TEST_CASE("memory budget: its second step, searched knowing the first step's rea
   // output is read next, the search keeps what the backward needs soon: at per-block
   // checkpointing's peak on this GPT, 47.7 Mflop of recomputation a step by staleness, 36.4
   // looking ahead.
-  nn::GPTConfig cfg;
-  cfg.n_layer = 8;
-  cfg.n_embd = 64;
-  cfg.n_head = 2;
-  cfg.block_size = 32;
-  cfg.vocab_size = 64;
-  cfg.dropout = 0.1;
   Generator init(1);
-  nn::GPT gpt(cfg, init);
+  nn::GPT gpt(eight_block_gpt(), init);
   const LongTensor idx = randint(0, 64, {2, 32}, init), targets = randint(0, 64, {2, 32}, init);
   apply_checkpointing(gpt, Checkpointing::each_block());
   const StepResult blocks = step(gpt, [&] { return gpt.loss(idx, targets); }, std::nullopt);

@@ -114,7 +114,7 @@ class BudgetCore {
   std::size_t least_feasible_bytes() const { return last_log_.least_feasible; }
   /// What the next step replays, if it repeats the last (the cheaper search, after the second
   /// step); else the last step's decisions.
-  DiscardPlan plan() const { return reusing_ && !given_plan_ ? *plan_ : DiscardPlan::from(last_log_); }
+  DiscardPlan plan() const { return reusing() && !given_plan_ ? *plan_ : DiscardPlan::from(last_log_); }
 
   // --- the scope's end ---------------------------------------------------------------------------
   /// Outputs still discarded and needed by a graph kept for another backward (or never run) are
@@ -354,18 +354,17 @@ class BudgetCore {
     std::uint64_t sig = fnv1a(out.op.name(), std::strlen(out.op.name()));
     sig = fnv1a(&out.bytes, sizeof out.bytes, sig);
     ops_.push_back(sig);
-    if (!diverged_ && (reusing_ || uses_.ahead()) &&
+    if (!diverged_ && (reusing() || uses_.ahead()) &&
         (ops_.size() > last_ops_.size() || last_ops_[ops_.size() - 1] != sig)) {
       // A different step: the search decides from here on, by staleness (the reads ahead were
       // another step's).
+      if (reusing()) {
+        plan_.reset();
+        log_.plan_abandoned = true;
+      }
       diverged_ = true;
       uses_.forget_ahead();
       rerank();
-      if (reusing_) {
-        plan_.reset();
-        reusing_ = false;
-        log_.plan_abandoned = true;
-      }
     }
     if (!any) return;
     recipe->how = std::move(how);
@@ -939,8 +938,8 @@ class BudgetCore {
     diverged_ = false;
     step_weight_ = 0;
     begin_step();
-    log_.reused_plan = reusing_;
-    log_.looked_ahead = uses_.ahead() && !reusing_;
+    log_.reused_plan = reusing();
+    log_.looked_ahead = uses_.ahead() && !reusing();
   }
 
   /// A step that fitted its budget plans the next, if the next repeats it (a plan the user gave
@@ -955,7 +954,6 @@ class BudgetCore {
       phase_ = Phase::search;
       plan_.reset();
       first_.reset();
-      reusing_ = false;
       uses_.end_step(false);
       rerank();
       return;
@@ -978,11 +976,13 @@ class BudgetCore {
     } else {
       plan_ = std::move(made);  // replayed, with what a search added if the plan fell short
     }
-    reusing_ = phase_ == Phase::replay;
     uses_.end_step(true);
     rerank();
     last_ops_ = std::move(ops_);
   }
+
+  /// plan_ is the last step's, replayed while this step's ops repeat it.
+  bool reusing() const { return phase_ == Phase::replay && !diverged_; }
 
   /// Every candidate placed again in its class, after the rank's meaning changed (looking ahead
   /// or not).
@@ -1002,7 +1002,6 @@ class BudgetCore {
   std::thread::id owner_;
   std::optional<DiscardPlan> plan_;
   bool given_plan_ = false;  // plan_ is the user's (MemoryBudget(plan)), not the last step's
-  bool reusing_ = false;     // plan_ is the last step's, replayed while the ops repeat
   // Searched by staleness; searched again looking ahead; replaying the cheaper (plan_next_step).
   enum class Phase { search, refine, replay };
   Phase phase_ = Phase::search;
