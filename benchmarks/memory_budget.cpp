@@ -1,7 +1,7 @@
 // Step time against a hard memory budget (MemoryBudget), next to hand-placed checkpointing at the
 // same memory. One JSON line per setting, for benchmarks/memory_budget.py.
 //   memory_budget --model gpt|unet --layers 8 --width 256 --heads 4 --context 128 --batch 8 --vocab 256
-//                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2 --pairs 0
+//                 --fractions 1,0.9,...,0.1 --hand blocks,sqrt,budget:64 --rounds 3 --steps 2 --pairs 0 --own 0
 // (the U-Net's --hand: levels, levels:K — checkpoint() around every K levels of each path)
 // Every setting runs its steps in each round, settings alternating within a round; medians are
 // taken over all rounds. Budgets are fractions of the no-checkpoint step's peak of activation bytes
@@ -11,6 +11,8 @@
 // step (its search by staleness, every step); "budget+plan" replays the plan a budget living across
 // steps settles on: the cheaper of its first step's search and its second's, which looks ahead
 // with the first step's reads.
+// With --own 1, "budget+own" also replays each searched step's own decisions (DiscardPlan::from its
+// log): the searched step against it is what searching costs, apart from what it decides.
 // With --pairs N, each hand-placed policy and the plan at its peak then run N more steps each, one
 // of each in turn (which goes first alternates), and a "pair" line gives every pair's plan / hand
 // ratio: on a shared machine the drift between two settings a round apart is as large as the
@@ -102,7 +104,7 @@ std::size_t unet_group(const std::string& policy) {
 struct Setting {
   explicit Setting(std::string p, std::size_t bytes = 0, std::string from = {})
       : policy(std::move(p)), budget(bytes), at(std::move(from)) {}
-  std::string policy;          // none, a hand-placed policy, budget or budget+plan
+  std::string policy;          // none, a hand-placed policy, budget, budget+plan or budget+own
   std::size_t budget;          // for budget settings
   std::string at;              // what the budget was derived from: a fraction or a hand policy
   std::vector<double> ms;
@@ -124,7 +126,7 @@ int main(int argc, char** argv) try {
       argc, argv,
       {{"model", "gpt"}, {"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"}, {"batch", "8"},
        {"vocab", "256"}, {"dropout", "0.1"}, {"fractions", "1,0.9,0.8,0.7,0.6,0.5,0.4,0.3,0.2,0.1"},
-       {"hand", "blocks,sqrt"}, {"rounds", "3"}, {"steps", "2"}, {"pairs", "0"}},
+       {"hand", "blocks,sqrt"}, {"rounds", "3"}, {"steps", "2"}, {"pairs", "0"}, {"own", "0"}},
       "memory_budget");
   Generator gen(0);
   const bool gpt_model = a["model"] == "gpt";
@@ -156,7 +158,7 @@ int main(int argc, char** argv) try {
   std::map<std::string, Checkpointing> parsed;
   // One step of a setting; returns its time in ms.
   auto run = [&](Setting& s, bool record) {
-    const bool budgeted = s.policy == "budget" || s.policy == "budget+plan";
+    const bool budgeted = s.policy.rfind("budget", 0) == 0 && s.policy.find(':') == std::string::npos;
     if (gpt_model) {
       if (budgeted || s.policy == "none") apply_checkpointing(*gpt, Checkpointing::none());
       else {
@@ -172,7 +174,7 @@ int main(int argc, char** argv) try {
     const auto t0 = std::chrono::steady_clock::now();
     {
       std::optional<MemoryBudget> guard;
-      if (s.policy == "budget+plan") guard.emplace(*s.plan);
+      if (s.policy == "budget+plan" || s.policy == "budget+own") guard.emplace(*s.plan);
       else if (s.policy == "budget") guard.emplace(s.budget);
       try {
         loss().backward();
@@ -233,6 +235,12 @@ int main(int argc, char** argv) try {
         at_least->plan = s.plan;
       }
       return;
+    }
+    if (a["own"] == "1") {
+      Setting own = s;
+      own.policy = "budget+own";
+      own.plan = DiscardPlan::from(s.log);
+      settings.push_back(own);
     }
     s.plan = settled_plan(bytes);
     settings.push_back(s);

@@ -42,7 +42,7 @@ def plot(panels, path):
         ok = [(r["policy"], r["saved_peak"] / r["free_peak"], r["median_ms"]) for r in rows if "median_ms" in r]
         for pol, label in (("budget", "budget (searched)"), ("budget+plan", "budget (plan it settles on)")):
             ax.plot(*zip(*sorted((f, t) for p, f, t in ok if p == pol)), marker=".", label=label)
-        hand = [(p, f, t) for p, f, t in ok if p not in ("none", "budget", "budget+plan")]
+        hand = [(p, f, t) for p, f, t in ok if p not in ("none", "budget", "budget+plan", "budget+own")]
         ax.plot([f for _, f, _ in hand], [t for _, _, t in hand], "o", color="tab:red", label="hand-placed")
         for p, f, t in hand:
             ax.annotate(p, (f, t), xytext=(3, -3), textcoords="offset points", va="top", color="tab:red")
@@ -77,7 +77,7 @@ def main():
         panels.append((name, rows))
         rows_all += rows
     keys = ["config", "model", "policy", "at", "budget", "free_peak", "saved_peak", "median_ms", "discards",
-            "recomputes", "recomputed_gflop", "decisions", "infeasible_least", "ms"]
+            "recomputes", "recomputed_gflop", "decisions", "search_ms", "infeasible_least", "ms"]
     with open(os.path.join(a.out, "memory_budget.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
