@@ -62,7 +62,7 @@
 
 #include "remat/checkpoint/budget_disk.hpp"
 #include "remat/checkpoint/budget_log.hpp"
-#include "remat/checkpoint/budget_uses.hpp"
+#include "remat/checkpoint/budget_search.hpp"
 #include "remat/checkpoint/error.hpp"
 #include "remat/checkpoint/replay.hpp"
 #include "remat/core/autograd.hpp"
@@ -93,7 +93,7 @@ struct BudgetHold {
 
 /// The budget's state and decisions; MemoryBudget is its scope on one thread. Shared with every
 /// hold, since a graph may outlive the scope (then closed: it decides nothing more).
-class BudgetCore {
+class BudgetCore : BudgetSearch {
  public:
   BudgetCore(std::size_t bytes, std::thread::id owner) : budget_(bytes), limit_(bytes), owner_(owner) { begin_step(); }
   BudgetCore(std::size_t bytes, std::thread::id owner, BudgetOffload offload) : BudgetCore(bytes, owner) {
@@ -286,35 +286,6 @@ class BudgetCore {
   }
 
  private:
-  struct Recipe {
-    OpId op;
-    double flops = 0;
-    double weight = 0;  // what the heuristic counts: flops, and the memory-bound part of the op
-    std::uint64_t order = 0;  // across steps, for pruning newest first
-    std::size_t index = 0;    // within its step, for plans and logs
-    Recompute how;
-    std::vector<std::shared_ptr<int>> read_refs;  // per read: the budget's count of references to it
-    std::vector<std::weak_ptr<Storage>> outputs;
-    std::vector<std::uint64_t> versions;
-
-    ~Recipe() {
-      for (std::size_t i = 0; i < read_refs.size(); ++i)
-        if (read_refs[i]) *read_refs[i] -= how.held_by_compute[i] + 1;
-    }
-  };
-  struct Entry {
-    std::shared_ptr<Recipe> recipe;
-    Storage* storage = nullptr;  // valid while recipe->outputs[output] has not expired
-    std::size_t output = 0;
-    // Its place in its class, least first: its last use (DTR's staleness), or, looking ahead,
-    // kNever less its next read (the farthest read first).
-    std::uint64_t rank = 0;
-    double cost = 0;       // what rebuilding it would cost now (cost()), kept current while indexed
-    int bucket = 0;        // its class of cost per byte in the index
-    bool indexed = false;  // a candidate: saved, resident, registered
-  };
-  using EntryRef = std::pair<const std::uint64_t, Entry>;  // by the storage's serial
-
 
   /// Register what ops compute for a graph being recorded: the forward, and a replay's nested tape
   /// (not what a backward function computes for its gradients).
@@ -405,204 +376,6 @@ class BudgetCore {
     auto node = entries_.extract(serial);  // the recipe (and what it holds) may go when `node` does
   }
 
-  /// The references the budget's recipes hold to `s` (which do not make it "held by the user").
-  int budget_refs(const Storage& s) const {
-    auto it = reads_.find(s.serial());
-    return it == reads_.end() ? 0 : *it->second.refs;
-  }
-
-  /// The heuristic's price of an output byte, in flops: element-wise ops move bytes at a few
-  /// hundred flops' worth of a GEMM's time each (dropout's random numbers more), so an op's flops
-  /// alone make the residual stream look free to rebuild. Measured: at 447 GFLOP/s a GEMM spends
-  /// 2.2 ps a flop; dropout_add spends about 1.5 ns an element (Philox included).
-  static constexpr double kFlopsPerOutputByte = 150.0;
-  /// The price of an element an op computes inside and drops (OpWork::inner_elements: an
-  /// attention's scores), in flops. Measured on one thread: the fused attention with dropout took
-  /// 482 µs at the deep GPT's shapes (B 4, 4 heads of 32, t 64) and 3.75 ms at the small GPT's (B 8,
-  /// 4 heads of 64, t 128), against 10 ps a flop for the qkv linear beside it: after its products,
-  /// 4.6-6.1 ns a score, about 500 of the linear's flops. Counted at flops alone, the budget took
-  /// an attention output for a fifth of its cost and recomputed 60 of them where per-block
-  /// checkpointing replays 32 (the deep GPT at blocks' peak); at 500, 30.
-  static constexpr double kFlopsPerInnerElement = 500.0;
-
-  using CostMemo = std::unordered_map<const Recipe*, double>;
-
-  /// What recomputing a recipe's outputs now would cost: its flops, and those of every discarded
-  /// input it would have to recompute first, recursively (DTR's evicted neighbourhood, ancestors
-  /// side). A discarded residual stream is cheap to add again but not to rebuild from scratch.
-  double cost(const Recipe& r, CostMemo& memo, double Recipe::*measure = &Recipe::weight) const {
-    if (auto it = memo.find(&r); it != memo.end()) return it->second;
-    double c = r.*measure;
-    memo[&r] = c;  // an input shared along two paths counts once per path at most
-    for (const auto& in : r.how.reads)
-      if (!in->resident())
-        if (auto it = entries_.find(in->serial()); it != entries_.end()) c += cost(*it->second.recipe, memo, measure);
-    memo[&r] = c;
-    return c;
-  }
-  /// The flops recomputing a recipe's outputs now would take (for logs and reports).
-  double flops_to_rebuild(const Recipe& r) const {
-    CostMemo memo;
-    return cost(r, memo, &Recipe::flops);
-  }
-
-  bool discardable(const Storage& s, const Entry& e, const std::weak_ptr<Storage>& w, const Storage* incoming) const {
-    if (&s == incoming || !s.resident() || s.saved_refs() == 0) return false;
-    if (s.version() != e.recipe->versions[e.output]) return false;  // written in place since
-    // Held by nothing but saved records and the budget's own recipes: no user handle, no op or
-    // backward reading it now.
-    return w.use_count() == s.saved_refs() + budget_refs(s);
-  }
-
-  /// The candidate with the least DTR score, cost / (bytes x staleness), searched through the index:
-  /// candidates are kept in classes of cost per byte (each class within kClassWidth of its
-  /// neighbours) and, inside a class, oldest use first; so the oldest discardable candidate of each
-  /// class is the best of its class up to that width, and a decision looks at one candidate per
-  /// class instead of every registered output. Ties go to the earliest op, whatever the addresses.
-  /// Looking ahead (budget_uses.hpp), staleness is the distance to the next read, and the farthest
-  /// comes first in a class.
-  Storage* choose(const Storage* incoming) {
-    recost_stale();
-    Storage* best = nullptr;
-    double best_score = std::numeric_limits<double>::infinity();
-    std::pair<std::uint64_t, std::size_t> best_key{};
-    for (auto cls = index_.begin(); cls != index_.end();) {
-      std::set<Slot>& slots = cls->second;
-      for (auto it = slots.begin(); it != slots.end();) {
-        const auto found = entries_.find(it->serial);
-        if (found == entries_.end() || found->second.recipe->outputs[found->second.output].expired()) {
-          it = slots.erase(it);  // gone
-          continue;
-        }
-        Entry& e = found->second;
-        Storage* s = e.storage;
-        if (s == incoming) {
-          ++it;  // saved the moment this room is made
-          continue;
-        }
-        if (!s->resident() || s->saved_refs() == 0 || s->version() != e.recipe->versions[e.output]) {
-          e.indexed = false;  // not a candidate until saved (or rebuilt) again; written in place: never
-          it = slots.erase(it);
-          continue;
-        }
-        if (!discardable(*s, e, e.recipe->outputs[e.output], incoming)) {
-          ++it;  // held for now by a user, an op or a backward
-          continue;
-        }
-        const double score = e.cost / (static_cast<double>(s->bytes()) * distance(e));
-        const std::pair<std::uint64_t, std::size_t> key{e.recipe->order, e.output};
-        if (score < best_score || (score == best_score && key < best_key)) {
-          best = s;
-          best_score = score;
-          best_key = key;
-        }
-        break;
-      }
-      cls = slots.empty() ? index_.erase(cls) : std::next(cls);
-    }
-    return best;
-  }
-
-  /// Width of a class of cost per byte in the index: the search's choice is DTR's within this factor.
-  static constexpr double kClassWidth = 1.02;
-
-  /// Makes a registered, saved, resident output a candidate (again), at its current cost.
-  void index(EntryRef& ref) {
-    Entry& e = ref.second;
-    if (e.indexed) unindex(ref);
-    // Its recipe's own weight while every input is here (the usual case), else with what is away.
-    const auto& reads = e.recipe->how.reads;
-    if (std::all_of(reads.begin(), reads.end(), [](const auto& in) { return in->resident(); })) {
-      e.cost = e.recipe->weight;
-    } else {
-      CostMemo memo;
-      e.cost = cost(*e.recipe, memo);
-    }
-    e.bucket = static_cast<int>(std::floor(std::log(e.cost / static_cast<double>(e.storage->bytes())) /
-                                           std::log(kClassWidth)));
-    index_[e.bucket].insert(Slot{e.rank, e.recipe->order, e.output, ref.first});
-    e.indexed = true;
-  }
-  void unindex(EntryRef& ref) {
-    Entry& e = ref.second;
-    if (!e.indexed) return;
-    auto cls = index_.find(e.bucket);
-    cls->second.erase(Slot{e.rank, e.recipe->order, e.output, ref.first});
-    if (cls->second.empty()) index_.erase(cls);
-    e.indexed = false;
-  }
-  /// Where an entry used at `now` (the budget's clock) stands in its class: by its last use, or,
-  /// with the last step's reads to look ahead with, by how far its next read is.
-  std::uint64_t rank(const Entry& e, std::uint64_t now) const {
-    return uses_.ahead() ? BudgetUses::kNever - uses_.next_read(e.recipe->index, e.output) : now;
-  }
-  /// The score's divisor beside the bytes: the staleness of the last use, or the ticks to the next
-  /// read (a read that the step has passed without making counts as imminent).
-  double distance(const Entry& e) const {
-    if (!uses_.ahead()) return static_cast<double>(clock_ - e.rank + 1);
-    const std::uint64_t next = BudgetUses::kNever - e.rank;
-    return next > uses_.now() ? static_cast<double>(next - uses_.now()) : 1.0;
-  }
-  /// A use of a registered output: staleness restarts, or the next read is the one after.
-  void touch(EntryRef& ref, std::uint64_t now) {
-    Entry& e = ref.second;
-    if (!e.indexed) {
-      e.rank = rank(e, now);
-      return;
-    }
-    auto cls = index_.find(e.bucket);
-    cls->second.erase(Slot{e.rank, e.recipe->order, e.output, ref.first});
-    e.rank = rank(e, now);
-    cls->second.insert(Slot{e.rank, e.recipe->order, e.output, ref.first});
-  }
-  /// `s` went away or came back: what rebuilding each candidate computed from it (through outputs
-  /// that are away, recursively) would cost has changed. Noted here, re-costed by the next search
-  /// (recost_stale): most releases of a step never meet a decision (none at all under a budget the
-  /// step fits, none under a replayed plan), and the walk, eager, was most of a budget's own time
-  /// on the deep GPT (2.7% of its step; cache misses in the maps, not instructions).
-  void recost_readers(const Storage& s) {
-    stale_.push_back(s.serial());
-    // Bounded between searches: duplicates and the dead go, leaving at most one per storage that
-    // recipes read, so the next compaction is that many pushes away.
-    if (stale_.size() > 2 * reads_.size() + 1024) {
-      std::sort(stale_.begin(), stale_.end());
-      stale_.erase(std::unique(stale_.begin(), stale_.end()), stale_.end());
-      stale_.erase(std::remove_if(stale_.begin(), stale_.end(), [&](std::uint64_t k) { return !reads_.count(k); }),
-                   stale_.end());
-    }
-  }
-  /// The costs recost_readers noted as changed, brought up to date from the state now: index()
-  /// depends on that state alone, so doing it late gives the classes an eager walk would have.
-  void recost_stale() {
-    std::sort(stale_.begin(), stale_.end());
-    stale_.erase(std::unique(stale_.begin(), stale_.end()), stale_.end());
-    for (const std::uint64_t serial : stale_) recost_walk(serial);
-    stale_.clear();
-  }
-  void recost_walk(std::uint64_t first) {
-    // Small: the readers of one storage, and whatever is away beyond them (a linear seen list).
-    std::vector<std::uint64_t> seen{first}, todo{first};
-    while (!todo.empty()) {
-      const std::uint64_t from = todo.back();
-      todo.pop_back();
-      const auto read = reads_.find(from);
-      if (read == reads_.end()) continue;
-      for (const auto& reader : read->second.readers) {
-        const std::shared_ptr<Recipe> recipe = reader.lock();
-        if (!recipe) continue;
-        for (const auto& w : recipe->outputs) {
-          auto o = w.lock();
-          if (!o || std::find(seen.begin(), seen.end(), o->serial()) != seen.end()) continue;
-          seen.push_back(o->serial());
-          auto it = entries_.find(o->serial());
-          if (it == entries_.end()) continue;
-          if (!o->resident()) todo.push_back(o->serial());
-          else if (it->second.indexed) index(*it);
-        }
-      }
-    }
-  }
-
   Storage* planned(const DiscardPlan::Discard& d, const Storage* incoming) const {
     if (d.op_index >= by_index_.size()) return nullptr;
     const std::shared_ptr<Recipe> r = by_index_[d.op_index].lock();
@@ -669,15 +442,6 @@ class BudgetCore {
     release.clear();
     settle.clear();  // the last holds of what cut recipes read go here
     sweeping_ = false;
-  }
-
-  /// The recipes reading `s`, those still alive.
-  std::vector<std::shared_ptr<Recipe>> readers_of(const Storage& s) const {
-    std::vector<std::shared_ptr<Recipe>> out;
-    if (auto r = reads_.find(s.serial()); r != reads_.end())
-      for (const auto& w : r->second.readers)
-        if (auto recipe = w.lock()) out.push_back(std::move(recipe));
-    return out;
   }
 
   /// Whether a recomputation the step may still run reads `s`: an output computed from it is away
@@ -842,14 +606,6 @@ class BudgetCore {
     for (const auto& s : outputs) settle_later(s);
   }
 
-  std::vector<std::shared_ptr<Recipe>> recipes() const {
-    std::vector<std::shared_ptr<Recipe>> out;
-    for (const auto& [serial, e] : entries_)
-      if (std::find(out.begin(), out.end(), e.recipe) == out.end()) out.push_back(e.recipe);
-    return out;
-  }
-
-  /// Lets go of recipes no backward can need: none of their outputs is saved by anything but
   /// recipes, nor read by a recipe still needed. Newest first, since an op's inputs are older.
   void prune() {
     // Outputs gone since they were registered (nothing tells the budget when a storage dies).
@@ -983,19 +739,6 @@ class BudgetCore {
 
   /// plan_ is the last step's, replayed while this step's ops repeat it.
   bool reusing() const { return phase_ == Phase::replay && !diverged_; }
-
-  /// Every candidate placed again in its class, after the rank's meaning changed (looking ahead
-  /// or not).
-  void rerank() {
-    for (auto& ref : entries_) {
-      Entry& e = ref.second;
-      const bool indexed = e.indexed && !e.recipe->outputs[e.output].expired();
-      unindex(ref);
-      e.rank = rank(e, clock_);
-      if (indexed) index(ref);
-    }
-  }
-
   std::size_t budget_;
   std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
   std::size_t limit_;      // the budget, raised to least_ after an overflow
@@ -1009,37 +752,12 @@ class BudgetCore {
   double first_weight_ = 0;
   double step_weight_ = 0;  // what this step's recomputations weighed (Recipe::weight)
   bool diverged_ = false;   // this step's ops stopped repeating the last step's
-  BudgetUses uses_;         // when this step read each output, and when the last one did
   std::vector<std::uint64_t> ops_, last_ops_;  // this step's and the last one's op sequence
   std::size_t next_planned_ = 0;
-  // Registered outputs by their storage's serial (serials are never reused, addresses are).
-  std::unordered_map<std::uint64_t, Entry> entries_;
-  // The candidates for discarding, by class of cost per byte, oldest use first within a class.
-  struct Slot {
-    std::uint64_t rank, order;
-    std::size_t output;
-    std::uint64_t serial;
-    bool operator<(const Slot& o) const {
-      return std::tie(rank, order, output) < std::tie(o.rank, o.order, o.output);
-    }
-  };
-  std::map<int, std::set<Slot>> index_;
-  std::vector<std::uint64_t> stale_;  // serials whose readers' costs changed since the last search
-  std::vector<std::weak_ptr<Recipe>> by_index_;  // this step's op invocations, in order
   std::unordered_map<std::uint64_t, std::uint64_t> hashes_;  // under checkpoint checking
-  // Every storage a recipe reads (parameters apart) with the recipes reading it and the references
-  // they hold, those of them sweep() has yet to settle, and those it counted as saved because
-  // nothing but recipes held them and they could not be let go.
-  struct Read {
-    std::weak_ptr<Storage> storage;
-    std::vector<std::weak_ptr<Recipe>> readers;
-    std::shared_ptr<int> refs;
-  };
-  std::unordered_map<std::uint64_t, Read> reads_;
   std::unordered_set<std::uint64_t> pending_, keep_;  // keep_: rebuilt, so counted not released
   std::unordered_map<std::uint64_t, std::shared_ptr<Storage>> counted_;
   bool sweeping_ = false;
-  std::uint64_t clock_ = 0;
   std::uint64_t next_order_ = 0;
   std::size_t moment_ = 0;
   bool closing_ = false;

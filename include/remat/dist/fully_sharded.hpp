@@ -43,10 +43,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -59,6 +59,8 @@
 #include "remat/core/node.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/dist/context.hpp"
+#include "remat/dist/shard_reduction.hpp"
+#include "remat/dist/sharded_unit.hpp"
 #include "remat/dist/sharded_adamw_base.hpp"
 #include "remat/nn/blocks.hpp"
 #include "remat/nn/gpt.hpp"
@@ -88,60 +90,6 @@ struct FullyShardedOptions {
   /// and the other ranks' copies of this rank's piece of it). More overlap backward with
   /// communication; one keeps the model state closest to 16Ψ/N plus two gathered blocks.
   std::size_t reductions_in_flight = 1;
-};
-
-/// A rank's bytes by kind at one moment: when its live bytes peaked, or its model state
-/// (FullyShardedDataParallel samples them at every op and backward op, and as each gradient
-/// arrives, each reduction starts and each block is gathered).
-struct ShardedMemory {
-  std::size_t live = 0;         ///< all the allocator's live bytes then
-  std::size_t parameters = 0;   ///< the blocks' parameter shards, and the root unit whole
-  std::size_t gradients = 0;    ///< the gradients' shards, reductions in flight, local .grad not yet final
-  std::size_t root_gradients = 0;  ///< of which the root's local .grad and reductions (beyond its shard)
-  std::size_t gathered = 0;     ///< blocks' parameters gathered, and prefetches in flight
-  std::size_t optimizer = 0;    ///< the FullyShardedAdamW's moments (none before its first step)
-  std::size_t activations = 0;  ///< saved for backward (memory_stats().saved_activation_bytes)
-  /// The model state: parameters, gradients, optimizer state and gathered blocks.
-  std::size_t model_state() const { return parameters + gradients + optimizer + gathered; }
-};
-
-/// A unit: parameters gathered together and sharded together, laid end to end in one flat range.
-struct ShardedUnit {
-  /// One parameter's place in the flat range (`param` indexes FullyShardedDataParallel::parameters()).
-  using Entry = FlatEntry;
-  std::string name;              ///< "block 3", or "root"
-  std::vector<Entry> entries;    ///< its parameters, in the model's order
-  std::int64_t numel = 0;        ///< all its elements
-  ShardLayout shards{0, 1};      ///< how they split over the ranks
-  bool root = false;             ///< the root unit: parameters always whole
-  /// This rank's shard of the parameters (the values the optimizer updates); none for the root, whose
-  /// whole parameters hold its shard in place.
-  Tensor params;
-  Tensor grads;                  ///< this rank's shard of the averaged gradients
-  std::int64_t gathers = 0;      ///< all-gathers of its parameters so far (prefetched or not)
-  std::int64_t prefetched = 0;   ///< of which started ahead, while another unit ran
-  std::int64_t reductions = 0;   ///< reduce-scatters of its parameters' gradients so far (one a parameter a step)
-
-  // State within a step.
-  bool gathered = false;      ///< its parameters' bytes are here (but those freed one by one)
-  bool partly = false;        ///< some parameters were freed one by one, their gradients final
-  bool stale = false;         ///< the shard changed since the last gather: the next one bumps versions
-  bool grads_fresh = true;    ///< this backward's reductions write the gradient shard (else add to it)
-  int waiting = 0;            ///< parameters whose gradients are not final yet
-  /// A prefetch in flight: each parameter's bytes arriving in the storage it will take over.
-  std::vector<std::unique_ptr<remat::detail::Storage>> ahead;
-  std::vector<MPI_Request> ahead_requests;  ///< one all-gather per parameter
-  /// The bytes of the prefetch in flight.
-  std::size_t ahead_bytes() const {
-    std::size_t n = 0;
-    for (const auto& st : ahead) n += st->bytes();
-    return n;
-  }
-
-  /// The number of elements of `rank`'s shard.
-  std::int64_t shard_numel(int rank) const { return shards.counts[static_cast<std::size_t>(rank)]; }
-  /// Where `rank`'s shard starts in the unit's range.
-  std::int64_t shard_offset(int rank) const { return shards.offsets[static_cast<std::size_t>(rank)]; }
 };
 
 /// ZeRO stage 3 over the blocks of a BlockStack model: each rank keeps 1/N of every block's
@@ -217,7 +165,7 @@ class FullyShardedDataParallel : private remat::Observer {
     // Gathers start in the order units run, reductions in the order gradients become final: two
     // orders that interleave differently on each rank, hence two communicators.
     detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &gather_comm_), "MPI_Comm_dup");
-    detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &reduce_comm_), "MPI_Comm_dup");
+    reductions_.emplace(ctx_, max_in_flight_);
     stack_.set_block_wrapper([this](std::size_t i, nn::Block f) -> nn::Block {
       REMAT_CHECK(i + 1 < units_.size(), "FullyShardedDataParallel: the model runs block {}, the wrapper knows {} "
                   "blocks", i, units_.size() - 1);
@@ -263,8 +211,7 @@ class FullyShardedDataParallel : private remat::Observer {
   /// the other ranks may not be here to gather with).
   ~FullyShardedDataParallel() override {
     stack_.set_block_wrapper({});
-    for (Reduction& r : pending_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
-    pending_.clear();
+    reductions_->abandon();
     for (ShardedUnit& u : units_) {
       MPI_Waitall(static_cast<int>(u.ahead_requests.size()), u.ahead_requests.data(), MPI_STATUSES_IGNORE);
       u.ahead.clear();
@@ -277,7 +224,7 @@ class FullyShardedDataParallel : private remat::Observer {
       }
     }
     MPI_Comm_free(&gather_comm_);
-    MPI_Comm_free(&reduce_comm_);
+    reductions_.reset();
   }
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
@@ -367,22 +314,7 @@ class FullyShardedDataParallel : private remat::Observer {
  private:
   friend class FullyShardedAdamW;
 
-  // Where one parameter lies across the ranks' shards: each rank's piece of it (count, and offset
-  // within the parameter; 0 where a rank holds none), as MPI's all-gathers and all-to-alls take it.
-  struct Pieces {
-    std::vector<int> counts, offsets;
-  };
-
-  // One parameter's gradient on its way to the shards: its local gradient (sent from where it
-  // lies) and the other ranks' copies of this rank's piece of it, in rank order.
-  struct Reduction {
-    std::size_t param = 0;
-    Tensor local, rows;
-    std::int64_t from = 0, to = 0;  // this rank's piece, in the unit's range
-    // MPI reads the counts until the reduction completes: they live as long as it.
-    std::vector<int> send_counts, send_offsets, recv_counts, recv_offsets;
-    MPI_Request request = MPI_REQUEST_NULL;
-  };
+  using Pieces = detail::Pieces;
 
   static std::vector<nn::Module*> block_modules(nn::GPT& gpt) {
     std::vector<nn::Module*> out;
@@ -641,7 +573,7 @@ class FullyShardedDataParallel : private remat::Observer {
         }
       }
     }
-    for (std::size_t i : last_sent_)
+    for (std::size_t i : reductions_->last_sent())
       if (!units_[unit_of_[i]].root) bytes += reduction_bytes_[i];
     const std::size_t k = std::min(max_in_flight_, reserve_.size());
     std::partial_sort(reserve_.begin(), reserve_.begin() + static_cast<std::ptrdiff_t>(k), reserve_.end(),
@@ -682,7 +614,7 @@ class FullyShardedDataParallel : private remat::Observer {
         if (u.root) m.root_gradients += p->grad().nbytes();
       }
     }
-    for (const Reduction& r : pending_) {
+    for (const detail::ShardReductions::Reduction& r : reductions_->pending()) {
       const std::size_t bytes = r.local.nbytes() + (r.rows.defined() ? r.rows.nbytes() : 0);
       m.gradients += bytes;
       if (units_[unit_of_[r.param]].root) m.root_gradients += bytes;
@@ -693,7 +625,7 @@ class FullyShardedDataParallel : private remat::Observer {
   }
   void progress_in_flight() {
     if (prefetch_) progress_prefetches();
-    if (!pending_.empty()) progress(pending_.size());
+    if (!reductions_->pending().empty()) reductions_->progress(reductions_->pending().size());
   }
 
   // Observer: a parameter's gradient took a contribution.
@@ -728,8 +660,7 @@ class FullyShardedDataParallel : private remat::Observer {
     if (!completed) {
       // Keep the communicators consistent: what was sent completes, and nothing more is added (the
       // reductions that completed during it are in the shards; their .grad is gone).
-      for (Reduction& r : pending_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
-      pending_.clear();
+      reductions_->abandon();
       end_step();
       return;
     }
@@ -737,7 +668,7 @@ class FullyShardedDataParallel : private remat::Observer {
     for (const ShardedUnit& u : units_)
       for (const ShardedUnit::Entry& e : u.entries)
         if (!reduced_[e.param]) reduce(e.param);
-    progress(0);
+    reductions_->progress(0);
     for (ShardedUnit& u : units_) {
       u.grads_fresh = false;  // a further backward before the optimizer's step adds to the shard
       release(u);
@@ -755,7 +686,7 @@ class FullyShardedDataParallel : private remat::Observer {
     }
   }
   void end_step() {
-    last_sent_.clear();  // every reduction has completed
+    reductions_->forget_sent();  // every reduction has completed
     std::fill(seen_.begin(), seen_.end(), 0);
     step_started_ = false;
   }
@@ -766,91 +697,17 @@ class FullyShardedDataParallel : private remat::Observer {
     ShardedUnit& u = units_[unit_of_[i]];
     const ShardedUnit::Entry& e = u.entries[entry_of_[i]];
     Tensor* p = params_[i];
-    const int n = ctx_.world_size(), me = ctx_.rank();
-    // Room first: at most max_in_flight_ reductions hold buffers at any moment.
-    progress(max_in_flight_ - 1);
-    Reduction r;
-    r.param = i;
-    r.local = p->grad().defined() ? p->grad() : zeros(Shape{e.numel});
-    REMAT_ASSERT(r.local.numel() == e.numel);
+    reductions_->make_room();  // at most reductions_in_flight hold buffers at any moment
+    Tensor local = p->grad().defined() ? p->grad() : zeros(Shape{e.numel});
+    REMAT_ASSERT(local.numel() == e.numel);
     p->meta()->grad = Tensor();
     const Pieces& pc = pieces_[i];
-    const int mine = pc.counts[static_cast<std::size_t>(me)];
-    r.from = e.offset + pc.offsets[static_cast<std::size_t>(me)];
-    r.to = r.from + mine;
-    const auto size = static_cast<std::size_t>(n);
-    r.send_counts.assign(size, 0);
-    r.send_offsets.assign(size, 0);
-    r.recv_counts.assign(size, 0);
-    r.recv_offsets.assign(size, 0);
-    for (int q = 0; q < n; ++q) {
-      if (q == me) continue;
-      const auto k = static_cast<std::size_t>(q);
-      r.send_counts[k] = pc.counts[k];
-      r.send_offsets[k] = pc.offsets[k];
-      r.recv_counts[k] = mine;
-      r.recv_offsets[k] = other_slot(q) * mine;
-    }
-    if (mine > 0 && n > 1) r.rows = Tensor(Shape{static_cast<std::int64_t>(mine) * (n - 1)});
-    static float nothing = 0;  // a receive buffer for no elements
-    detail::check_mpi(MPI_Ialltoallv(r.local.data(), r.send_counts.data(), r.send_offsets.data(), MPI_FLOAT,
-                                     r.rows.defined() ? r.rows.data() : &nothing, r.recv_counts.data(),
-                                     r.recv_offsets.data(), MPI_FLOAT, reduce_comm_, &r.request),
-                      "MPI_Ialltoallv");
+    const int me = ctx_.rank();
+    const std::int64_t from = e.offset + pc.offsets[static_cast<std::size_t>(me)];
+    reductions_->send(i, std::move(local), pc, u.grads.data() + (from - u.shard_offset(me)), u.grads_fresh);
     reduced_[i] = 1;
     ++u.reductions;
-    pending_.push_back(std::move(r));
-    last_sent_.push_back(i);
-    if (last_sent_.size() > max_in_flight_) last_sent_.pop_front();
-    progress(max_in_flight_);  // what has arrived, without waiting
     sample_memory();
-  }
-
-  // Where rank q's copy of this rank's piece lands among the other ranks' copies.
-  int other_slot(int q) const { return q < ctx_.rank() ? q : q - 1; }
-
-  // Finishes what has arrived, in the order sent, waiting until at most `in_flight` remain.
-  void progress(std::size_t in_flight) {
-    while (!pending_.empty()) {
-      Reduction& r = pending_.front();
-      int done = 0;
-      if (pending_.size() > in_flight) {
-        detail::check_mpi(MPI_Wait(&r.request, MPI_STATUS_IGNORE), "MPI_Wait");
-        done = 1;
-      } else {
-        detail::check_mpi(MPI_Test(&r.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-      }
-      if (!done) break;
-      average_into_shard(r);
-      pending_.pop_front();
-    }
-  }
-
-  // Every rank's copy of this rank's piece, added in rank order and divided by N: the bits one
-  // process gets adding the ranks' micro-batch gradients in that order.
-  void average_into_shard(const Reduction& r) {
-    const auto count = r.to - r.from;
-    if (count <= 0) return;
-    ShardedUnit& u = units_[unit_of_[r.param]];
-    const ShardedUnit::Entry& e = u.entries[entry_of_[r.param]];
-    const int n = ctx_.world_size(), me = ctx_.rank();
-    using ConstVec = Eigen::Map<const Eigen::ArrayXf>;
-    auto copy_of = [&](int q, std::int64_t at, std::int64_t k) {
-      return ConstVec((q == me ? r.local.data() + (r.from - e.offset) : r.rows.data() + other_slot(q) * count) + at, k);
-    };
-    // A block at a time through a buffer on the stack: no allocation the size of the piece.
-    constexpr std::int64_t kBlock = 256;
-    alignas(64) float buffer[kBlock];
-    float* shard = u.grads.data() + (r.from - u.shard_offset(me));
-    for (std::int64_t at = 0; at < count; at += kBlock) {
-      const std::int64_t k = std::min(kBlock, count - at);
-      Eigen::Map<Eigen::ArrayXf> sum(buffer, k), out(shard + at, k);
-      sum = copy_of(0, at, k);
-      for (int q = 1; q < n; ++q) sum += copy_of(q, at, k);
-      sum /= static_cast<float>(n);
-      if (u.grads_fresh) out = sum;
-      else out += sum;
-    }
   }
 
   std::string describe() const {
@@ -883,14 +740,13 @@ class FullyShardedDataParallel : private remat::Observer {
   std::vector<long> own_refs_;                 ///< per parameter: holders of its storage outside any graph
   std::vector<std::size_t> finished_;          ///< block parameters reduced this backward, not yet freed
   std::vector<char> done_with_;                ///< per parameter: freed one by one (on every rank alike)
-  std::deque<std::size_t> last_sent_;          ///< the last reductions sent (those that may be in flight)
   std::int64_t deferred_ = -1;                 ///< a unit whose prefetch waits for room (-1: none)
   std::vector<std::size_t> reserve_;           ///< working_set_bytes()'s scratch, kept to spare an allocation per op
   std::int64_t unused_prefetches_ = 0;
   ShardedMemory peak_, peak_state_;
   const detail::ShardedAdamWBase* optimizer_ = nullptr;  ///< the FullyShardedAdamW on this wrapper, while it lives
-  std::deque<Reduction> pending_;  ///< reductions in flight, in the order sent
-  MPI_Comm gather_comm_ = MPI_COMM_NULL, reduce_comm_ = MPI_COMM_NULL;
+  std::optional<detail::ShardReductions> reductions_;  ///< gradients in flight to the shards (own communicator)
+  MPI_Comm gather_comm_ = MPI_COMM_NULL;
 };
 
 }  // namespace remat::dist
