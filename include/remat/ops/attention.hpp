@@ -27,7 +27,9 @@
 // scores, the softmax, its log-sum-exp and the softmax backward stay float32, and the probabilities
 // P (forward: P V) and dS (backward: dS K, dSᵀ Q) are narrowed to bfloat16 just before their
 // products — what PyTorch's autocast does to the explicit composition, whose softmax runs in float32
-// and whose matmuls cast their operands.
+// and whose matmuls cast their operands. The output, P V's float32 sums, is rounded to bfloat16
+// values as that composition's last matmul rounds it (core/autocast.hpp: round_product_output), so
+// both forms hand the next op the same kind of value; its gradient passes through unchanged.
 
 #include <algorithm>
 #include <array>
@@ -225,6 +227,7 @@ BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<
     BasicTensor<T> out_y(shape), out_lse(Shape{B, H, t});
     attention_forward(layout, qe.cdata(), ke.cdata(), ve.cdata(), out_y.data(), out_lse.data(), scale, drop.threshold,
                       drop.scale, drop.at_entry);
+    if constexpr (std::is_same_v<E, bfloat16>) round_product_output(out_y);
     return std::make_tuple(out_y, out_lse);
   });
 
@@ -257,6 +260,7 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
     const E* base = qkve.cdata();
     attention_forward(layout, base, base + C, base + 2 * C, out_y.data(), out_lse.data(), scale, drop.threshold,
                       drop.scale, drop.at_entry);
+    if constexpr (std::is_same_v<E, bfloat16>) round_product_output(out_y);
     return std::make_tuple(out_y, out_lse);
   });
 
@@ -283,7 +287,8 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
 ///   dV = Pdᵀ dY,  dP = M ⊙ (dY Vᵀ),  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = dS K / √D,  dK = dSᵀ Q / √D.
 /// Saves: q, k, v and one log-sum-exp per query row (B, H, T); never a (T, T) tensor. Under
 /// autocast (float32): the four products on bfloat16 operands with float32 sums, q, k, v saved as
-/// their bfloat16 copies; the softmax and its backward in float32.
+/// their bfloat16 copies, the output rounded to bfloat16 values (as matmul's); the softmax and its
+/// backward in float32.
 /// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> causal_attention(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
