@@ -263,9 +263,11 @@ int main(int argc, char** argv) try {
   for (const Setting& s : settings)
     fmt::print("{{\"model\": \"{}\", \"policy\": \"{}\", \"at\": \"{}\", \"budget\": {}, \"free_peak\": {}, "
                "\"saved_peak\": {}, \"ms\": [{:.3f}], \"median_ms\": {:.3f}, \"discards\": {}, \"recomputes\": {}, "
-               "\"recomputed_gflop\": {:.4f}, \"decisions\": {}, \"search_ms\": {:.3f}, \"threads\": {}}}\n",
+               "\"recomputed_gflop\": {:.4f}, \"decisions\": {}, \"search_ms\": {:.3f}, \"recost_ms\": {:.3f}, "
+               "\"threads\": {}}}\n",
                a["model"], s.policy, s.at, s.budget, free_peak, s.peak, fmt::join(s.ms, ", "), median(s.ms),
-               s.log.discards, s.log.recomputes, s.log.recomputed_flops / 1e9, s.log.decisions, s.log.search_seconds * 1e3, get_num_threads());
+               s.log.discards, s.log.recomputes, s.log.recomputed_flops / 1e9, s.log.decisions, s.log.search_seconds * 1e3,
+               s.log.recost_seconds * 1e3, get_num_threads());
 
   const int pairs = std::stoi(a["pairs"]);
   for (const Setting& h : hand) {

@@ -77,7 +77,7 @@ def main():
         panels.append((name, rows))
         rows_all += rows
     keys = ["config", "model", "policy", "at", "budget", "free_peak", "saved_peak", "median_ms", "discards",
-            "recomputes", "recomputed_gflop", "decisions", "search_ms", "infeasible_least", "ms"]
+            "recomputes", "recomputed_gflop", "decisions", "search_ms", "recost_ms", "infeasible_least", "ms"]
     with open(os.path.join(a.out, "memory_budget.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()

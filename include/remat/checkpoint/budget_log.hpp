@@ -69,8 +69,11 @@ struct BudgetLog {
   ///@}
   /// Searches for what to discard (the run-time heuristic). A step replaying a plan makes none.
   std::size_t decisions = 0;
-  /// The wall time those searches took, in seconds.
+  /// The wall time those searches took, in seconds: the index scanned for each decision.
   double search_seconds = 0;
+  /// The wall time spent before searches bringing up to date the costs that discards, rebuilds
+  /// and releases changed since the last search (deferred from those moments to here), in seconds.
+  double recost_seconds = 0;
   /// Discards a plan named that the step could not carry out (the step differed from the plan's).
   std::size_t plan_misses = 0;
   /// Whether the step began replaying the last step's decisions (a budget living across steps

@@ -5,9 +5,10 @@
 // an output would cost now. The budget's search (budget_search.hpp) ranks these; the budget itself
 // decides when to discard, rebuild and let go.
 //
-// Kept apart from the decisions because everything here is a fact about the graph the step
-// recorded, true whatever the budget decides: the search and the budget both read it, and
-// neither's rules change it.
+// Kept apart from the decisions: the budget's rules (runtime_budget.hpp) add and remove recipes,
+// entries and reads as ops register and storages go, and the search keeps its own state in each
+// entry (rank, cost, class); what a recipe computes from, and what rebuilding it costs from the
+// state of its inputs, is read here by both.
 
 #include <algorithm>
 #include <cstddef>

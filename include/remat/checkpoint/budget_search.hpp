@@ -6,9 +6,11 @@
 // made (budget_uses.hpp).
 //
 // Kept apart from the budget's books and rules (when to make room, sweep, rebuild, prune, which
-// plan a step replays): the index is a cache of the recipes' costs and uses (budget_recipes.hpp),
-// and its invariants (a candidate is saved, resident, unwritten; its class is its cost now) are
-// kept here, by index(), unindex(), touch() and the deferred re-costing.
+// plan a step replays): the index is a cache over the recipes' costs and uses (budget_recipes.hpp).
+// The rules add and remove candidates through index() and unindex() and note changed costs
+// (recost_readers); a candidate that stopped being one (no longer saved or resident, or written
+// in place) is dropped when a search meets it, and costs noted as changed are brought up to date
+// when a search starts, so a search sees the classes an eager upkeep would have kept.
 
 #include <algorithm>
 #include <cmath>

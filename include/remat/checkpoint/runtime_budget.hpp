@@ -13,7 +13,7 @@
 // too), and before those bytes join the saved-for-backward books it discards registered outputs
 // until they fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x
 // staleness) goes first, searched through an index of the candidates by class of cost per byte
-// (choose()). A discarded output is recomputed, its discarded inputs first, when its store's
+// (choose(), budget_search.hpp). A discarded output is recomputed, its discarded inputs first, when its store's
 // unpack (or pin, before a node's backward) is asked for it: only saved records and the budget's
 // own recipes hold what it discards, so nothing else can read it, and a storage stays bytes that
 // never call up. Leaves, parameters, tensors the user holds and tensors an op or a backward is
@@ -45,14 +45,10 @@
 #include <cstddef>
 #include <cstring>
 #include <cstdint>
-#include <limits>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -217,7 +213,10 @@ class BudgetCore : BudgetSearch {
     }
     while (saved + bytes > limit_) {
       ++log_.decisions;
+      const auto recosting = std::chrono::steady_clock::now();
+      recost_stale();  // choose() would; timed apart, since it is upkeep deferred to here
       const auto searching = std::chrono::steady_clock::now();
+      log_.recost_seconds += std::chrono::duration<double>(searching - recosting).count();
       Storage* victim = choose(incoming);
       log_.search_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - searching).count();
       if (!victim) {
@@ -286,7 +285,6 @@ class BudgetCore : BudgetSearch {
   }
 
  private:
-
   /// Register what ops compute for a graph being recorded: the forward, and a replay's nested tape
   /// (not what a backward function computes for its gradients).
   bool registering() const {
@@ -606,6 +604,7 @@ class BudgetCore : BudgetSearch {
     for (const auto& s : outputs) settle_later(s);
   }
 
+  /// Lets go of recipes no backward can need: none of their outputs is saved by anything but
   /// recipes, nor read by a recipe still needed. Newest first, since an op's inputs are older.
   void prune() {
     // Outputs gone since they were registered (nothing tells the budget when a storage dies).
@@ -739,6 +738,7 @@ class BudgetCore : BudgetSearch {
 
   /// plan_ is the last step's, replayed while this step's ops repeat it.
   bool reusing() const { return phase_ == Phase::replay && !diverged_; }
+
   std::size_t budget_;
   std::size_t least_ = 0;  // after an overflow: the most a moment of the step has needed
   std::size_t limit_;      // the budget, raised to least_ after an overflow
@@ -755,6 +755,8 @@ class BudgetCore : BudgetSearch {
   std::vector<std::uint64_t> ops_, last_ops_;  // this step's and the last one's op sequence
   std::size_t next_planned_ = 0;
   std::unordered_map<std::uint64_t, std::uint64_t> hashes_;  // under checkpoint checking
+  // Of the storages recipes read (reads_): those sweep() has yet to settle, and those it counted as
+  // saved because nothing but recipes held them and they could not be let go.
   std::unordered_set<std::uint64_t> pending_, keep_;  // keep_: rebuilt, so counted not released
   std::unordered_map<std::uint64_t, std::shared_ptr<Storage>> counted_;
   bool sweeping_ = false;

@@ -60,8 +60,8 @@
 #include "remat/core/observer.hpp"
 #include "remat/dist/context.hpp"
 #include "remat/dist/shard_reduction.hpp"
-#include "remat/dist/sharded_unit.hpp"
 #include "remat/dist/sharded_adamw_base.hpp"
+#include "remat/dist/sharded_unit.hpp"
 #include "remat/nn/blocks.hpp"
 #include "remat/nn/gpt.hpp"
 #include "remat/nn/module.hpp"
@@ -165,7 +165,6 @@ class FullyShardedDataParallel : private remat::Observer {
     // Gathers start in the order units run, reductions in the order gradients become final: two
     // orders that interleave differently on each rank, hence two communicators.
     detail::check_mpi(MPI_Comm_dup(ctx_.comm(), &gather_comm_), "MPI_Comm_dup");
-    reductions_.emplace(ctx_, max_in_flight_);
     stack_.set_block_wrapper([this](std::size_t i, nn::Block f) -> nn::Block {
       REMAT_CHECK(i + 1 < units_.size(), "FullyShardedDataParallel: the model runs block {}, the wrapper knows {} "
                   "blocks", i, units_.size() - 1);
@@ -201,6 +200,10 @@ class FullyShardedDataParallel : private remat::Observer {
       u.gathered = true;
       release(u);
     }
+    // Last: no MPI call follows the gather communicator's duplicate above (so every rank makes
+    // the same calls in the same order), and a constructor that throws before here frees nothing
+    // collectively on one rank alone.
+    reductions_.emplace(ctx_, max_in_flight_);
   }
 
   /// A GPT: one unit per Transformer block; embeddings, final norm and head are the root.
@@ -703,10 +706,13 @@ class FullyShardedDataParallel : private remat::Observer {
     p->meta()->grad = Tensor();
     const Pieces& pc = pieces_[i];
     const int me = ctx_.rank();
-    const std::int64_t from = e.offset + pc.offsets[static_cast<std::size_t>(me)];
-    reductions_->send(i, std::move(local), pc, u.grads.data() + (from - u.shard_offset(me)), u.grads_fresh);
+    const auto mine = static_cast<std::size_t>(me);
+    float* into = nullptr;  // where this rank's piece averages to in its shard, if it holds one
+    if (pc.counts[mine] > 0) into = u.grads.data() + (e.offset + pc.offsets[mine] - u.shard_offset(me));
+    reductions_->send(i, std::move(local), pc, into, u.grads_fresh);
     reduced_[i] = 1;
     ++u.reductions;
+    reductions_->poll();
     sample_memory();
   }
 

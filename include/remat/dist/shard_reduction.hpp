@@ -69,8 +69,9 @@ class ShardReductions {
   void make_room() { progress(max_in_flight_ - 1); }
 
   /// Sends parameter `param`'s local gradient `local`, laid across the ranks as `pieces`: to each
-  /// other rank its piece; the average of this rank's piece goes to `into` when all copies have
-  /// arrived (written when `overwrite`, else added).
+  /// other rank its piece; the average of this rank's piece goes to `into` (null when this rank
+  /// holds none of it) once every copy has arrived (written when `overwrite`, else added). Call
+  /// poll() after: what has arrived is finished there.
   void send(std::size_t param, Tensor local, const Pieces& pieces, float* into, bool overwrite) {
     Reduction r;
     r.param = param;
@@ -102,8 +103,10 @@ class ShardReductions {
     pending_.push_back(std::move(r));
     last_sent_.push_back(param);
     if (last_sent_.size() > max_in_flight_) last_sent_.pop_front();
-    progress(max_in_flight_);  // what has arrived, without waiting
   }
+
+  /// Finishes what has arrived, without waiting.
+  void poll() { progress(max_in_flight_); }
 
   /// Finishes what has arrived, in the order sent, waiting until at most `in_flight` remain.
   void progress(std::size_t in_flight) {
