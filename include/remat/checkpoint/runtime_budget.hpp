@@ -7,26 +7,26 @@
 //
 // A budget is a saved-tensor store and an observer (core/saved_tensor_hooks.hpp,
 // core/observer.hpp), nothing more. As an observer it registers every op output computed for a
-// recorded graph with how to compute it again (the op's offered Recompute: its own compute,
-// holding its inputs and, for a random op, the generator state it drew at). As the store it is
-// handed each tensor a node saves (checkpoint boundaries, chain snapshots and compactly held steps
-// too), and before those bytes join the saved-for-backward books it discards registered outputs
-// until they fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x
-// staleness) goes first, searched through an index of the candidates by class of cost per byte
-// (choose(), budget_search.hpp). A discarded output is recomputed, its discarded inputs first, when its store's
-// unpack (or pin, before a node's backward) is asked for it: only saved records and the budget's
-// own recipes hold what it discards, so nothing else can read it, and a storage stays bytes that
-// never call up. Leaves, parameters, tensors the user holds and tensors an op or a backward is
-// reading are never discarded. The inputs a recomputation would read cost nothing while something
-// else holds them; once only recomputations do, a rebuildable one is let go (released: rebuilt in
-// turn if a recomputation needs it) and any other is counted as saved. So a budget at or above the
-// step's activation peak without a budget never discards and never raises that peak. The discards
-// of a step are logged, and the log of one step is a static plan the next steps replay without
-// searching (training steps repeat): a budget that lives across steps does so by itself, while
-// each step registers the ops of the last one (op, output bytes, in order), and searches again
-// from the first op that differs. Its second step searches knowing when the first read each output
-// (budget_uses.hpp: the farthest next read goes first instead of the stalest), and from the third
-// on it replays the cheaper of the two searches.
+// recorded graph with how to compute it again (the op's offered Recompute: its own compute, holding
+// its inputs and, for a random op, the generator state it drew at). As the store it is handed each
+// tensor a node saves (checkpoint boundaries, chain snapshots and compactly held steps too), and
+// before those bytes join the saved-for-backward books it discards registered outputs until they
+// fit — DTR's rule (Kirisame et al. 2021): the least recompute cost / (bytes x staleness) goes
+// first, searched through an index of the candidates by class of cost per byte (choose(),
+// budget_search.hpp). A discarded output is recomputed, its discarded inputs first, when its
+// store's unpack (or pin, before a node's backward) is asked for it: only saved records and the
+// budget's own recipes hold what it discards, so nothing else can read it, and a storage stays
+// bytes that never call up. Leaves, parameters, tensors the user holds and tensors an op or a
+// backward is reading are never discarded. The inputs a recomputation would read cost nothing while
+// something else holds them; once only recomputations do, a rebuildable one is let go (released:
+// rebuilt in turn if a recomputation needs it) and any other is counted as saved. So a budget at or
+// above the step's activation peak without a budget never discards and never raises that peak. The
+// discards of a step are logged, and the log of one step is a static plan the next steps replay
+// without searching (training steps repeat): a budget that lives across steps does so by itself,
+// while each step registers the ops of the last one (op, output bytes, in order), and searches
+// again from the first op that differs. Its second step searches knowing when the first read each
+// output (budget_uses.hpp: the farthest next read goes first instead of the stalest), and from the
+// third on it replays the cheaper of the two searches.
 //
 // With a BudgetOffload, a discard may write the output to a file instead, read back when backward
 // needs it: chosen tensor by tensor, when writing and reading its bytes would take less time than
