@@ -39,9 +39,8 @@ class BudgetSearch : protected BudgetRecipes {
   /// class is the best of its class up to that width, and a decision looks at one candidate per
   /// class instead of every registered output. Ties go to the earliest op, whatever the addresses.
   /// Looking ahead (budget_uses.hpp), staleness is the distance to the next read, and the farthest
-  /// comes first in a class.
+  /// comes first in a class. The costs noted as changed must be current first (recost_stale()).
   Storage* choose(const Storage* incoming) {
-    recost_stale();
     Storage* best = nullptr;
     double best_score = std::numeric_limits<double>::infinity();
     std::pair<std::uint64_t, std::size_t> best_key{};

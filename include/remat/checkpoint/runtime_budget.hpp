@@ -214,7 +214,7 @@ class BudgetCore : BudgetSearch {
     while (saved + bytes > limit_) {
       ++log_.decisions;
       const auto recosting = std::chrono::steady_clock::now();
-      recost_stale();  // choose() would; timed apart, since it is upkeep deferred to here
+      recost_stale();  // what choose() ranks by; timed apart, since it is upkeep deferred to here
       const auto searching = std::chrono::steady_clock::now();
       log_.recost_seconds += std::chrono::duration<double>(searching - recosting).count();
       Storage* victim = choose(incoming);

@@ -665,8 +665,7 @@ class OffloadReadAhead final : public Observer {
   void backward_begin(bool outermost) override {
     if (outermost) core_->backward_begins();
   }
-  void backward_end(bool completed, bool outermost) override {
-    (void)completed;
+  void backward_end(bool /*completed*/, bool outermost) override {
     if (outermost) core_->backward_ended();
   }
 
