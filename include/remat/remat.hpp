@@ -52,6 +52,7 @@
 #include "remat/ops/exp.hpp"
 #include "remat/ops/gelu.hpp"
 #include "remat/ops/bias_gelu.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/layer_norm.hpp"
 #include "remat/ops/linear.hpp"
 #include "remat/ops/log.hpp"

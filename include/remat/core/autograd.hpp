@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -129,6 +130,21 @@ void record(OpId op, const std::vector<BasicTensor<In>>& inputs, const std::vect
   record<In, Out>(std::string(op.name()), inputs, outputs, std::move(saved), std::move(fn));
 }
 
+template <class T>
+BasicTensor<T> recorded_sum(const BasicTensor<T>& a, const BasicTensor<T>& b) {
+  REMAT_ASSERT(a.shape() == b.shape());
+  BasicTensor<T> sum(a.shape());
+  flat(sum) = flat(a) + flat(b);  // the bits of the in-place sum a first-order backward does
+  if (grad_needed(a, b))
+    record<T>("accumulate_grad", {a, b}, {&sum}, {}, [](BackwardContext<T>& ctx) {
+      ctx.create_graph();  // dz passes to both as it is, with or without a graph
+      const BasicTensor<T>& dz = ctx.grad_output();
+      ctx.accumulate(0, dz);
+      ctx.accumulate(1, dz);
+    });
+  return sum;
+}
+
 /// The tape holding node `id` among the thread's live tapes, innermost first.
 inline std::pair<Tape*, std::ptrdiff_t> locate_node(std::uint64_t id) {
   auto& tapes = tape_stack();
@@ -203,8 +219,23 @@ struct BackwardRoot {
 
 /// The walk behind backward() and grad(): each root's gradient accumulates into it, then the tape
 /// holding the roots runs from the newest root's node down. `who` names the caller in errors.
+/// With `create_graph` the walk records its own ops, after the nodes they differentiate on the
+/// same tape, and keeps the graph it walks (the new one reaches back into it).
 template <class T>
-void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool retain_graph) {
+void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool retain_graph, bool create_graph = false) {
+  if (create_graph) {
+    const Session& s = session();
+    REMAT_CHECK(!s.autocast, "{}: create_graph under autocast is not available yet — differentiate twice in "
+                "float32 or float64", who);
+    REMAT_CHECK(s.saved_tensor_hooks.empty(),
+                "{}: create_graph with saved-tensor hooks or stores in force (offload, save_bfloat16, a memory "
+                "budget) is not available yet", who);
+    REMAT_CHECK(s.observers.empty(),
+                "{}: create_graph with observers installed (data parallel, a memory budget, a step log) is not "
+                "available yet", who);
+    REMAT_CHECK(s.replay_depth == 0, "{}: create_graph inside a checkpoint's replay is not available", who);
+    retain_graph = true;
+  }
   Tape* tape = nullptr;
   std::ptrdiff_t newest = -1;
   for (const BackwardRoot<T>& r : roots) {
@@ -232,7 +263,13 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
   Install<&Session::backward_depth> depth(session().backward_depth + 1);
   notify([&](Observer& o) { o.backward_begin(outermost); });
   try {
-    for (BackwardRoot<T>& r : roots) accumulate_grad(*r.tensor->meta(), std::move(r.gradient));
+    // Recording on, onto the tape walked: the new nodes come after those they read.
+    Install<&Session::grad_enabled> grad_mode(session().grad_enabled || create_graph);
+    Install<&Session::recording> recording(session().recording || create_graph);
+    Install<&Session::create_graph> graph(create_graph);
+    std::optional<Install<&Session::tapes>> onto;
+    if (create_graph && tape) onto.emplace(tape);
+    for (BackwardRoot<T>& r : roots) accumulate_grad(*r.tensor->meta(), std::move(r.gradient), create_graph);
     if (tape) tape->backward(static_cast<TapePosition>(newest) + 1, 0, retain_graph);
   } catch (...) {
     notify([&](Observer& o) { o.backward_end(false, outermost); });
@@ -245,7 +282,7 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
 }  // namespace detail
 
 template <class T>
-void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) const {
+void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph, bool create_graph) const {
   REMAT_CHECK(defined(), "backward: the tensor is undefined");
   REMAT_CHECK(requires_grad(), "backward: tensor of shape {} does not require grad and has no grad_fn",
               shape_);
@@ -254,7 +291,8 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
     REMAT_CHECK(gradient.shape() == shape_,
                 "backward: gradient of shape {} does not match the tensor's shape {}", gradient.shape(),
                 shape_);
-    seed = detail::copy_of(gradient);
+    // Under create_graph a gradient with a graph of its own keeps it (the result depends on it).
+    seed = create_graph && gradient.requires_grad() ? gradient : detail::copy_of(gradient);
   } else {
     REMAT_CHECK(numel() == 1,
                 "backward: a gradient can be created implicitly only for a one-element output (a "
@@ -262,7 +300,7 @@ void BasicTensor<T>::backward(const BasicTensor& gradient, bool retain_graph) co
     seed = BasicTensor(shape_);
     detail::flat(seed).setOnes();
   }
-  detail::run_backward<T>("backward", {{this, std::move(seed)}}, retain_graph);
+  detail::run_backward<T>("backward", {{this, std::move(seed)}}, retain_graph, create_graph);
 }
 
 }  // namespace remat

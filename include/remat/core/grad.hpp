@@ -17,8 +17,9 @@ namespace remat {
 struct GradOptions {
   /// Keep the graph for another backward or grad() (otherwise freed as it is walked).
   bool retain_graph = false;
-  /// Record the backward so the gradients can be differentiated again. Not available: remat's
-  /// backward formulas compute on arrays, not on recorded ops; asking for it is a remat::Error.
+  /// Record the backward so the gradients can be differentiated again (any order); implies
+  /// retain_graph. Ops whose backward cannot be recorded yet are named by a remat::Error when the
+  /// walk reaches them (the list is in core/node.hpp's message and in README).
   bool create_graph = false;
   /// An input the outputs do not depend on gets an undefined tensor instead of an error.
   bool allow_unused = false;
@@ -33,9 +34,6 @@ struct GradOptions {
 template <class T>
 std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, const std::vector<BasicTensor<T>>& inputs,
                                  const std::vector<BasicTensor<T>>& grad_outputs = {}, const GradOptions& options = {}) {
-  REMAT_CHECK(!options.create_graph,
-              "grad: create_graph is not available — remat's backward formulas compute on arrays, not on "
-              "recorded ops, so a gradient cannot be differentiated again");
   REMAT_CHECK(!outputs.empty(), "grad: no outputs to differentiate");
   REMAT_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
               "grad: {} grad_outputs for {} outputs — pass one per output, or none for one-element outputs",
@@ -46,13 +44,15 @@ std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, con
     REMAT_CHECK(y.defined(), "grad: output {} is undefined", i);
     REMAT_CHECK(y.requires_grad(),
                 "grad: output {} (shape {}) does not require grad — it was not computed from a tensor that "
-                "requires grad (a gradient returned by grad() is one such: it has no graph)", i, y.shape());
+                "requires grad (a gradient computed without create_graph is one such: it has no graph)", i,
+                y.shape());
     BasicTensor<T> seed;
     const bool given = !grad_outputs.empty() && grad_outputs[i].defined();
     if (given) {
       REMAT_CHECK(grad_outputs[i].shape() == y.shape(), "grad: grad_outputs[{}] has shape {}, output {} has shape {}",
                   i, grad_outputs[i].shape(), i, y.shape());
-      seed = detail::copy_of(grad_outputs[i]);
+      // Under create_graph a weight with a graph of its own keeps it (the result depends on it).
+      seed = options.create_graph && grad_outputs[i].requires_grad() ? grad_outputs[i] : detail::copy_of(grad_outputs[i]);
     } else {
       REMAT_CHECK(y.numel() == 1,
                   "grad: output {} has shape {} — a gradient is implied only for a one-element output; pass "
@@ -74,7 +74,7 @@ std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, con
   }
   {
     detail::Install<&detail::Session::grad_capture> capturing(&capture);
-    detail::run_backward<T>("grad", std::move(roots), options.retain_graph);
+    detail::run_backward<T>("grad", std::move(roots), options.retain_graph, options.create_graph);
   }
   std::vector<BasicTensor<T>> result;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -85,7 +85,9 @@ std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, con
     REMAT_CHECK(g.defined() || options.allow_unused,
                 "grad: input {} (shape {}) was not used to compute the outputs (no gradient reached it); "
                 "pass allow_unused = true to get an undefined tensor for it", i, inputs[i].shape());
-    result.push_back(g.defined() ? detail::copy_of(g) : BasicTensor<T>());
+    // With create_graph the tensor itself, graph and all (nothing writes a graph's tensors in place).
+    if (options.create_graph && g.defined() && g.meta()) result.push_back(g);
+    else result.push_back(g.defined() ? detail::copy_of(g) : BasicTensor<T>());
   }
   return result;
 }

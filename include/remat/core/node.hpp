@@ -79,15 +79,29 @@ class Node {
   bool released_ = false;
 };
 
+/// a + b as a recorded op: how gradients accumulate in a backward that records its own ops
+/// (create_graph). Defined in core/autograd.hpp, beside record(), which it calls.
 template <class T>
-void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g) {
+BasicTensor<T> recorded_sum(const BasicTensor<T>& a, const BasicTensor<T>& b);
+
+/// Adds g into meta's gradient. In a backward that records its ops (`graph`), g may carry a graph
+/// of its own: it is kept as it is and sums are recorded, never written in place, so that the
+/// gradient can be differentiated again.
+template <class T>
+void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false) {
   if (meta.is_leaf() && session().discard_leaf_grads) return;  // a dry run
   GradCapture* capture = meta.is_leaf() ? session().grad_capture : nullptr;
   if (capture) capture->set_aside(meta);
-  if (!meta.grad.defined()) {
+  if (graph) {
+    // A plain buffer another tensor shares is copied (a later in-place sum would reach both);
+    // one with a graph is never written in place, so it is kept as it is.
+    if (!meta.grad.defined()) meta.grad = g.meta() || g.storage().use_count() == 1 ? std::move(g) : copy_of(g);
+    else meta.grad = recorded_sum(meta.grad, g);
+  } else if (!meta.grad.defined()) {
     // Adopt the buffer when nothing else holds it; otherwise copy, so two gradients never alias.
     meta.grad = g.storage().use_count() == 1 && !g.meta() ? std::move(g) : copy_of(g);
   } else {
+    if (meta.grad.meta()) meta.grad = copy_of(meta.grad);  // left by a create_graph backward
     flat(meta.grad) += flat(g);
   }
   // Under grad() no .grad changes for good: observers (data parallel's reduction) hear nothing.
@@ -106,12 +120,23 @@ class TypedNode;
 template <class In, class Out = In>
 class BackwardContext {
  public:
-  BackwardContext(TypedNode<In, Out>& node, std::vector<BasicTensor<Out>>& grad_outputs, bool retain_graph = false)
-      : node_(node), grad_outputs_(grad_outputs), retain_graph_(retain_graph) {}
+  BackwardContext(TypedNode<In, Out>& node, std::vector<BasicTensor<Out>>& grad_outputs, bool retain_graph = false,
+                  bool create_graph = false)
+      : node_(node), grad_outputs_(grad_outputs), retain_graph_(retain_graph), create_graph_(create_graph) {}
 
   /// Whether this backward keeps the graph for another one (a node holding state of its own, such
   /// as a chain's snapshots, must then leave that state as it found it).
   bool retain_graph() const { return retain_graph_; }
+  /// Whether this backward records its own ops so that its gradients can be differentiated again
+  /// (create_graph). A backward that can do so asks, and then computes its gradients with recorded
+  /// ops on as_input() / as_output(); a node whose backward never asks is an error in such a walk
+  /// (its gradients would have no graph: a second differentiation would be silently wrong).
+  bool create_graph() const {
+    asked_create_graph_ = true;
+    return create_graph_;
+  }
+  /// Whether the backward asked create_graph() (checked by the node after it runs).
+  bool asked_create_graph() const { return asked_create_graph_; }
 
   /// The gradient of output i; zeros when that output received none.
   const BasicTensor<Out>& grad_output(std::size_t i = 0);
@@ -122,6 +147,9 @@ class BackwardContext {
   /// builds its inputs this way so that an input also used outside the segment accumulates its
   /// gradient in exactly the order, and so to exactly the bits, it would without checkpointing.
   BasicTensor<In> as_input(std::size_t i, const BasicTensor<In>& data) const;
+  /// `data` carrying output i's autograd identity while that output is reachable (else plain
+  /// data): a recorded backward that reads a saved output depends on the input through it.
+  BasicTensor<Out> as_output(std::size_t i, const BasicTensor<Out>& data) const;
   /// Saved tensor i, checked against in-place modification since it was saved.
   template <class U = In>
   BasicTensor<U> saved(std::size_t i) const;
@@ -136,6 +164,8 @@ class BackwardContext {
   TypedNode<In, Out>& node_;
   std::vector<BasicTensor<Out>>& grad_outputs_;
   bool retain_graph_;
+  bool create_graph_;
+  mutable bool asked_create_graph_ = false;
 };
 
 template <class In, class Out = In>
@@ -180,6 +210,7 @@ class TypedNode final : public Node {
 
   void run(bool retain_graph) override {
     REMAT_ASSERT(!released());
+    const bool graph = session().create_graph;
     std::vector<BasicTensor<Out>> grads(outputs_.size());
     for (std::size_t i = 0; i < outputs_.size(); ++i) {
       if (auto m = outputs_[i].lock()) {
@@ -187,16 +218,35 @@ class TypedNode final : public Node {
         m->grad = BasicTensor<Out>();
         const GradCapture* capture = session().grad_capture;
         if (grads[i].defined() && (capture ? capture->keeps(m.get()) : m->retains_grad)) {
-          if (m->retained.defined()) flat(m->retained) += flat(grads[i]);
-          else m->retained = copy_of(grads[i]);
+          if (graph) {
+            m->retained = m->retained.defined() ? recorded_sum(m->retained, grads[i]) : grads[i];
+          } else if (m->retained.defined()) {
+            if (m->retained.meta()) m->retained = copy_of(m->retained);  // left by a create_graph backward
+            flat(m->retained) += flat(grads[i]);
+          } else {
+            m->retained = copy_of(grads[i]);
+          }
         }
       }
     }
-    BackwardContext<In, Out> ctx(*this, grads, retain_graph);
+    BackwardContext<In, Out> ctx(*this, grads, retain_graph, graph);
     notify([&](Observer& o) { o.backward_op(name()); });
     TimelineSpan span(name(), "backward");
     const std::vector<std::shared_ptr<void>> pinned = pin_saved();
-    fn_(ctx);
+    if (graph) {
+      // A walk this backward runs of its own (a checkpoint's replay) is first-order: only a
+      // backward that asks create_graph() records, and it does so through ordinary ops.
+      Install<&Session::create_graph> first_order(false);
+      fn_(ctx);
+    } else {
+      fn_(ctx);
+    }
+    REMAT_CHECK(!graph || ctx.asked_create_graph(),
+                "backward: op '{}' cannot record its backward (create_graph): its gradient would have no "
+                "graph, so a second differentiation through it would be wrong. create_graph supports the "
+                "element-wise arithmetic ops, tanh, sigmoid, relu, exp, log, sqrt, pow, sum, mean, reshape, "
+                "broadcast_to, sum_to_size, matmul and linear, without checkpoint(), autocast or "
+                "saved-tensor stores", name());
     if (!retain_graph) release();
   }
 
@@ -251,6 +301,14 @@ BasicTensor<In> BackwardContext<In, Out>::as_input(std::size_t i, const BasicTen
 }
 
 template <class In, class Out>
+BasicTensor<Out> BackwardContext<In, Out>::as_output(std::size_t i, const BasicTensor<Out>& data) const {
+  BasicTensor<Out> t(data.storage(), data.shape());
+  REMAT_ASSERT(i < node_.outputs_.size());
+  if (auto m = node_.outputs_[i].lock()) t.set_meta(std::move(m));
+  return t;
+}
+
+template <class In, class Out>
 bool BackwardContext<In, Out>::needs_grad(std::size_t i) const {
   return i < node_.inputs_.size() && node_.inputs_[i] != nullptr;
 }
@@ -264,7 +322,7 @@ void BackwardContext<In, Out>::accumulate(std::size_t i, BasicTensor<In> g) {
               "backward: op '{}' passes a gradient to an input of shape {} whose own graph was "
               "already freed by an earlier backward; pass retain_graph=true to that backward",
               node_.name(), node_.input_shapes_[i]);
-  accumulate_grad(input, std::move(g));
+  accumulate_grad(input, std::move(g), create_graph_);
 }
 
 }  // namespace remat::detail

@@ -34,7 +34,9 @@ class Tape {
 
   /// Records a node at the end.
   void push(std::unique_ptr<detail::Node> node) {
-    prune();
+    // A backward that records its own ops (create_graph) pushes while it walks: pruning then
+    // could drop a node that has run, and with it the only edge keeping alive the node now running.
+    if (walking_ == 0) prune();
     nodes_.push_back(std::move(node));
   }
 
@@ -43,6 +45,11 @@ class Tape {
     REMAT_CHECK(to <= from && from <= nodes_.size(),
                 "Tape::backward: positions [{}, {}) are not within the tape of {} nodes", to, from,
                 nodes_.size());
+    ++walking_;
+    struct Walked {
+      int& depth;
+      ~Walked() { --depth; }
+    } walked{walking_};
     for (TapePosition i = from; i-- > to;) {
       detail::Node& node = *nodes_[i];
       if (node.released()) continue;
@@ -52,7 +59,7 @@ class Tape {
         node.release();  // unreachable: free what it saved now rather than at the next prune
       }
     }
-    prune();
+    if (walking_ == 1) prune();
   }
 
   /// Drops every node at or after `to`, freeing what they saved.
@@ -77,6 +84,7 @@ class Tape {
   }
 
   std::vector<std::unique_ptr<detail::Node>> nodes_;
+  int walking_ = 0;  // backward walks under way on this tape (one inside another: a node's own walk)
 };
 
 }  // namespace remat

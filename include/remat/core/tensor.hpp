@@ -161,9 +161,11 @@ class BasicTensor {
   BasicTensor detach() const { return BasicTensor(storage_, shape_); }
 
   /// Backpropagates from this tensor. Without `gradient` the tensor must hold one element (a loss);
-  /// the graph is freed as it is walked unless `retain_graph`. Defined in core/autograd.hpp (which
-  /// every op and factory header includes), so that the tensor does not include the tape.
-  void backward(const BasicTensor& gradient = BasicTensor(), bool retain_graph = false) const;
+  /// the graph is freed as it is walked unless `retain_graph`. With `create_graph` the backward is
+  /// itself recorded, so every .grad it writes can be differentiated again (the graph is then kept:
+  /// create_graph implies retain_graph). Defined in core/autograd.hpp (which every op and factory
+  /// header includes), so that the tensor does not include the tape.
+  void backward(const BasicTensor& gradient = BasicTensor(), bool retain_graph = false, bool create_graph = false) const;
   /// backward() without a gradient (a one-element loss), keeping the graph when retain_graph.
   void backward(bool retain_graph) const { backward(BasicTensor(), retain_graph); }
 

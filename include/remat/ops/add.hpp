@@ -33,7 +33,7 @@ BasicTensor<T> add(const BasicTensor<T>& x, S s) {
   else {
     const T c = static_cast<T>(s);
     return detail::unary_saving_nothing(
-        op::add_scalar, x, [c](const auto& a) { return a + c; }, [](const auto& dy) { return dy; });
+        op::add_scalar, x, [c](const auto& a) { return a + c; }, [](const auto& dy) { return dy; }, detail::same_formula);
   }
 }
 

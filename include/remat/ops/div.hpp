@@ -4,6 +4,8 @@
 #include "remat/ops/detail/binary.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/neg.hpp"
 
 namespace remat {
 namespace op {
@@ -28,14 +30,16 @@ BasicTensor<detail::promote_t<A, B>> div(const BasicTensor<A>& a, const BasicTen
     auto over = [](const auto& x, const auto& y) { return x / y; };
     return detail::binary_op(
         op::div, a, b, over,
-        detail::partial<detail::reads_b>([over](const auto& dz, const auto& v) {
-          return detail::broadcast_apply(dz, v.b, "div", over);
-        }),
-        detail::partial<detail::reads_b | detail::reads_z>([over](const BasicTensor<A>& dz, const auto& v) {
-          BasicTensor<A> g(dz.shape());
-          detail::flat(g) = -detail::flat(dz) * detail::flat(v.z);
-          return detail::broadcast_apply(g, v.b, "div", over);
-        }));
+        detail::partial<detail::reads_b>(
+            [over](const auto& dz, const auto& v) { return detail::broadcast_apply(dz, v.b, "div", over); },
+            [](const auto& dz, const auto& v) { return div(dz, v.b); }),
+        detail::partial<detail::reads_b | detail::reads_z>(
+            [over](const BasicTensor<A>& dz, const auto& v) {
+              BasicTensor<A> g(dz.shape());
+              detail::flat(g) = -detail::flat(dz) * detail::flat(v.z);
+              return detail::broadcast_apply(g, v.b, "div", over);
+            },
+            [](const auto& dz, const auto& v) { return div(mul(neg(dz), v.z), v.b); }));
   }
 }
 
@@ -47,7 +51,8 @@ BasicTensor<T> div(const BasicTensor<T>& x, S s) {
   else {
     const T c = static_cast<T>(s);
     return detail::unary_saving_nothing(
-        op::div_scalar, x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; });
+        op::div_scalar, x, [c](const auto& a) { return a / c; }, [c](const auto& dy) { return dy / c; },
+        detail::same_formula);
   }
 }
 
@@ -60,7 +65,7 @@ BasicTensor<T> rdiv(const BasicTensor<T>& x, S s) {
     const T c = static_cast<T>(s);
     return detail::unary_saving_input(
         op::rdiv_scalar, x, [c](const auto& a) { return c / a; },
-        [c](const auto& dy, const auto& v) { return -dy * c / (v * v); });
+        [c](const auto& dy, const auto& v) { return -dy * c / (v * v); }, detail::same_formula);
   }
 }
 

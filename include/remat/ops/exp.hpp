@@ -2,6 +2,7 @@
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/mul.hpp"
 
 namespace remat {
 namespace op {
@@ -16,7 +17,8 @@ template <class T>
 BasicTensor<T> exp(const BasicTensor<T>& x) {
   if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::exp(a); }, x);
   else return detail::unary_saving_output(
-      op::exp, x, [](const auto& a) { return detail::exp_or_zero(a); }, [](const auto& dy, const auto& y) { return dy * y; });
+      op::exp, x, [](const auto& a) { return detail::exp_or_zero(a); }, [](const auto& dy, const auto& y) { return dy * y; },
+      detail::same_formula);
 }
 
 }  // namespace remat

@@ -4,8 +4,11 @@
 #include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
+#include "remat/ops/matmul.hpp"
+#include "remat/ops/reshape.hpp"
 
 namespace remat {
 namespace op {
@@ -43,6 +46,18 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
     record<T>(op::linear, {x, weight, bias}, {&y}, std::move(saved),
               [dx, dw, in, out, xs = x.shape()](BackwardContext<T>& ctx) {
                 const BasicTensor<T>& g = ctx.grad_output();
+                if constexpr (std::is_same_v<E, T>) {
+                  if (ctx.create_graph()) {
+                    // The same products, recorded: each matmul makes the GEMM call the array path makes.
+                    const std::int64_t rows = xs.numel() / std::max<std::int64_t>(in, 1);
+                    const BasicTensor<T> g2 = reshape(g, {rows, out});
+                    if (dx) ctx.accumulate(0, reshape(matmul(g2, ctx.as_input(1, ctx.saved(0)), false, false), xs.vec()));
+                    if (dw)
+                      ctx.accumulate(1, matmul(g2, reshape(ctx.as_input(0, ctx.saved(dx ? 1 : 0)), {rows, in}), true, false));
+                    if (ctx.needs_grad(2)) ctx.accumulate(2, sum_to_size(g, Shape{out}));
+                    return;
+                  }
+                }
                 const BasicTensor<E> ge = as_operand<E>(g);
                 const std::int64_t rows = xs.numel() / std::max<std::int64_t>(in, 1);
                 const E* pg = ge.cdata();

@@ -1,6 +1,7 @@
 #pragma once
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/div.hpp"
 
 namespace remat {
 namespace op {
@@ -15,7 +16,8 @@ template <class T>
 BasicTensor<T> log(const BasicTensor<T>& x) {
   if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::log(a); }, x);
   else return detail::unary_saving_input(
-      op::log, x, [](const auto& a) { return a.log(); }, [](const auto& dy, const auto& v) { return dy / v; });
+      op::log, x, [](const auto& a) { return a.log(); }, [](const auto& dy, const auto& v) { return dy / v; },
+      detail::same_formula);
 }
 
 }  // namespace remat

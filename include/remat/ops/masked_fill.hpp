@@ -48,6 +48,7 @@ BasicTensor<T> masked_fill(const BasicTensor<T>& x, const BoolTensor& mask, S va
                                         {x, mask}, [=] { return detail::masked_select_fill(x, mask, detail::element_of<T>(value)); });
   if (detail::grad_needed(x))
     detail::record<T>(op::masked_fill, {x}, {&y}, {mask}, [](detail::BackwardContext<T>& ctx) {
+      if (ctx.create_graph()) return ctx.accumulate(0, masked_fill(ctx.grad_output(), ctx.template saved<bool>(0), 0));
       ctx.accumulate(0, detail::masked_select_fill(ctx.grad_output(), ctx.template saved<bool>(0), T(0)));
     });
   return y;

@@ -6,6 +6,8 @@
 #include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/ops/broadcast_to.hpp"
+#include "remat/ops/reshape.hpp"
 #include "remat/ops/detail/broadcast.hpp"
 #include "remat/ops/detail/dtype.hpp"
 
@@ -66,6 +68,9 @@ inline MatmulBatches matmul_batches(const Shape& a, const Shape& b) {
 
 }  // namespace detail
 
+template <class T>
+BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool transpose_a, bool transpose_b);
+
 namespace detail {
 
 /// matmul over operands in element type E (T itself, or bfloat16 under autocast): ae and be are a
@@ -114,6 +119,26 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
     detail::record<T>(
         op::matmul, {a, b}, {&c}, std::move(saved),
         [da, db, ta, tb, fold, batches, sa = a.shape(), sb = b.shape(), M, K, N, lda, ldb](detail::BackwardContext<T>& ctx) {
+          if constexpr (std::is_same_v<E, T>) {
+            if (ctx.create_graph()) {
+              // The same products as below, recorded: each matmul here makes the GEMM call the
+              // array path makes (a folded dB through (rows, K) and (rows, N) views).
+              const BasicTensor<T>& dc = ctx.grad_output();
+              if (da) {
+                const BasicTensor<T> bv = ctx.as_input(1, ctx.saved(0));
+                ctx.accumulate(0, sum_to_size(ta ? matmul(bv, dc, tb, true) : matmul(dc, bv, false, !tb), sa));
+              }
+              if (db) {
+                BasicTensor<T> av = ctx.as_input(0, ctx.saved(da ? 1 : 0)), dcv = dc;
+                if (fold) {
+                  av = reshape(av, {sa.numel() / K, K});
+                  dcv = reshape(dc, {sa.numel() / K, N});
+                }
+                ctx.accumulate(1, sum_to_size(tb ? matmul(dcv, av, true, ta) : matmul(av, dcv, !ta, false), sb));
+              }
+              return;
+            }
+          }
           const BasicTensor<E> dc = detail::as_operand<E>(ctx.grad_output());
           const BasicTensor<E> bv = da ? ctx.template saved<E>(0) : BasicTensor<E>();
           const BasicTensor<E> av = db ? ctx.template saved<E>(da ? 1 : 0) : BasicTensor<E>();

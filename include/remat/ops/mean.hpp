@@ -1,5 +1,8 @@
 #pragma once
 #include "remat/core/produce.hpp"
+#include "remat/ops/broadcast_to.hpp"
+#include "remat/ops/div.hpp"
+#include "remat/ops/mul.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
@@ -26,6 +29,8 @@ BasicTensor<T> mean(const BasicTensor<T>& x) {
     });
     if (detail::grad_needed(x))
       detail::record<T>(op::mean, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+        if (ctx.create_graph())
+          return ctx.accumulate(0, broadcast_to(div(ctx.grad_output(), static_cast<T>(shape.numel())), shape));
         BasicTensor<T> dx(shape);
         detail::flat(dx).setConstant(ctx.grad_output().data()[0] / static_cast<T>(shape.numel()));
         ctx.accumulate(0, std::move(dx));
@@ -50,6 +55,8 @@ BasicTensor<T> mean(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fa
                                           {x}, [=] { return detail::sum_over_dim(x, d, keepdim, scale); });
     if (detail::grad_needed(x))
       detail::record<T>(op::mean_dim, {x}, {&y}, {}, [shape = x.shape(), d, scale](detail::BackwardContext<T>& ctx) {
+        if (ctx.create_graph())
+          return ctx.accumulate(0, broadcast_to(detail::keep_dim(mul(ctx.grad_output(), scale), shape, d), shape));
         ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, scale));
       });
     return y;

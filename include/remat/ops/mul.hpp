@@ -25,12 +25,12 @@ BasicTensor<detail::promote_t<A, B>> mul(const BasicTensor<A>& a, const BasicTen
     auto times = [](const auto& x, const auto& y) { return x * y; };
     return detail::binary_op(
         op::mul, a, b, times,
-        detail::partial<detail::reads_b>([times](const auto& dz, const auto& v) {
-          return detail::broadcast_apply(dz, v.b, "mul", times);
-        }),
-        detail::partial<detail::reads_a>([times](const auto& dz, const auto& v) {
-          return detail::broadcast_apply(dz, v.a, "mul", times);
-        }));
+        detail::partial<detail::reads_b>(
+            [times](const auto& dz, const auto& v) { return detail::broadcast_apply(dz, v.b, "mul", times); },
+            [](const auto& dz, const auto& v) { return mul(dz, v.b); }),
+        detail::partial<detail::reads_a>(
+            [times](const auto& dz, const auto& v) { return detail::broadcast_apply(dz, v.a, "mul", times); },
+            [](const auto& dz, const auto& v) { return mul(dz, v.a); }));
   }
 }
 
@@ -42,7 +42,8 @@ BasicTensor<T> mul(const BasicTensor<T>& x, S s) {
   else {
     const T c = static_cast<T>(s);
     return detail::unary_saving_nothing(
-        op::mul_scalar, x, [c](const auto& a) { return a * c; }, [c](const auto& dy) { return dy * c; });
+        op::mul_scalar, x, [c](const auto& a) { return a * c; }, [c](const auto& dy) { return dy * c; },
+        detail::same_formula);
   }
 }
 

@@ -15,7 +15,7 @@ template <class T>
 BasicTensor<T> neg(const BasicTensor<T>& x) {
   if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::neg(a); }, x);
   else return detail::unary_saving_nothing(
-      op::neg, x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; });
+      op::neg, x, [](const auto& a) { return -a; }, [](const auto& dy) { return -dy; }, detail::same_formula);
 }
 
 /// -x (neg).

@@ -3,6 +3,7 @@
 
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/mul.hpp"
 
 namespace remat {
 namespace op {
@@ -20,7 +21,7 @@ BasicTensor<T> pow(const BasicTensor<T>& x, S exponent) {
     const T p = static_cast<T>(exponent);
     return detail::unary_saving_input(
         op::pow, x, [p](const auto& a) { return a.pow(p); },
-        [p](const auto& dy, const auto& v) { return dy * p * v.pow(p - T(1)); });
+        [p](const auto& dy, const auto& v) { return dy * p * pow(v, p - T(1)); }, detail::same_formula);
   }
 }
 

@@ -40,7 +40,8 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
   BasicTensor<T> y = detail::produce<T>(op::reshape, shape, 0.0, {x}, [=] { return BasicTensor<T>(x.storage(), shape); });
   if (detail::grad_needed(x))
     detail::record<T>(op::reshape, {x}, {&y}, {}, [in = x.shape()](detail::BackwardContext<T>& ctx) {
-      ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));
+      if (ctx.create_graph()) ctx.accumulate(0, reshape(ctx.grad_output(), in.vec()));
+      else ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));
     });
   return y;
 }

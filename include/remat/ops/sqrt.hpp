@@ -1,6 +1,8 @@
 #pragma once
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/div.hpp"
+#include "remat/ops/mul.hpp"
 
 namespace remat {
 namespace op {
@@ -16,7 +18,7 @@ BasicTensor<T> sqrt(const BasicTensor<T>& x) {
   if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::sqrt(a); }, x);
   else return detail::unary_saving_output(
       op::sqrt, x, [](const auto& a) { return a.sqrt(); },
-      [](const auto& dy, const auto& y) { return dy / (T(2) * y); });
+      [](const auto& dy, const auto& y) { return dy / (T(2) * y); }, detail::same_formula);
 }
 
 }  // namespace remat

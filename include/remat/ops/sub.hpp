@@ -4,6 +4,7 @@
 #include "remat/ops/detail/binary.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/neg.hpp"
 
 namespace remat {
 namespace op {
@@ -36,7 +37,7 @@ BasicTensor<T> sub(const BasicTensor<T>& x, S s) {
   else {
     const T c = static_cast<T>(s);
     return detail::unary_saving_nothing(
-        op::sub_scalar, x, [c](const auto& a) { return a - c; }, [](const auto& dy) { return dy; });
+        op::sub_scalar, x, [c](const auto& a) { return a - c; }, [](const auto& dy) { return dy; }, detail::same_formula);
   }
 }
 
@@ -48,7 +49,7 @@ BasicTensor<T> rsub(const BasicTensor<T>& x, S s) {
   else {
     const T c = static_cast<T>(s);
     return detail::unary_saving_nothing(
-        op::rsub_scalar, x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; });
+        op::rsub_scalar, x, [c](const auto& a) { return c - a; }, [](const auto& dy) { return -dy; }, detail::same_formula);
   }
 }
 

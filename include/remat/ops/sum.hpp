@@ -1,5 +1,6 @@
 #pragma once
 #include "remat/core/produce.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 
@@ -25,6 +26,7 @@ BasicTensor<T> sum(const BasicTensor<T>& x) {
     });
     if (detail::grad_needed(x))
       detail::record<T>(op::sum, {x}, {&y}, {}, [shape = x.shape()](detail::BackwardContext<T>& ctx) {
+        if (ctx.create_graph()) return ctx.accumulate(0, broadcast_to(ctx.grad_output(), shape));
         BasicTensor<T> dx(shape);
         detail::flat(dx).setConstant(ctx.grad_output().data()[0]);
         ctx.accumulate(0, std::move(dx));
@@ -46,6 +48,8 @@ BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fal
                                           {x}, [=] { return detail::sum_over_dim(x, d, keepdim, T(1)); });
     if (detail::grad_needed(x))
       detail::record<T>(op::sum_dim, {x}, {&y}, {}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
+        if (ctx.create_graph())
+          return ctx.accumulate(0, broadcast_to(detail::keep_dim(ctx.grad_output(), shape, d), shape));
         ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));
       });
     return y;

@@ -1,6 +1,8 @@
 #pragma once
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/sub.hpp"
 
 namespace remat {
 namespace op {
@@ -16,7 +18,7 @@ BasicTensor<T> tanh(const BasicTensor<T>& x) {
   if constexpr (detail::routed<T>()) return detail::route([](const auto& a) { return remat::tanh(a); }, x);
   else return detail::unary_saving_output(
       op::tanh, x, [](const auto& a) { return a.tanh(); },
-      [](const auto& dy, const auto& y) { return dy * (T(1) - y * y); });
+      [](const auto& dy, const auto& y) { return dy * (T(1) - y * y); }, detail::same_formula);
 }
 
 }  // namespace remat

@@ -5,12 +5,15 @@
 
 #include <array>
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "remat/core/produce.hpp"
 #include "remat/core/tensor.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/broadcast.hpp"
+#include "remat/ops/neg.hpp"
 
 namespace remat::detail {
 
@@ -35,17 +38,30 @@ inline constexpr UnitPartial<1> partial_one{};
 inline constexpr UnitPartial<-1> partial_minus_one{};
 
 /// ∂z/∂x as a rule: rule(dz, BinaryOperands) gives x's gradient at z's shape, which is then summed
-/// to x's shape. `Reads` names what the rule reads.
-template <unsigned Reads, class Rule>
+/// to x's shape. `Reads` names what the rule reads. `graph`, when given, is the same rule written
+/// in recorded tensor ops (the same operations in the same order), for a backward that records
+/// its ops (create_graph); without it the op refuses create_graph.
+template <unsigned Reads, class Rule, class GraphRule = std::nullptr_t>
 struct RulePartial {
   static constexpr unsigned reads = Reads;
   Rule rule;
+  GraphRule graph;
 };
 
 template <unsigned Reads, class Rule>
 RulePartial<Reads, Rule> partial(Rule rule) {
-  return {std::move(rule)};
+  return {std::move(rule), nullptr};
 }
+template <unsigned Reads, class Rule, class GraphRule>
+RulePartial<Reads, Rule, GraphRule> partial(Rule rule, GraphRule graph) {
+  return {std::move(rule), std::move(graph)};
+}
+
+/// Whether a partial can be recorded (create_graph): the unit ones always, a rule when it has a graph form.
+template <class P>
+struct HasGraphForm : std::true_type {};
+template <unsigned Reads, class Rule>
+struct HasGraphForm<RulePartial<Reads, Rule, std::nullptr_t>> : std::false_type {};
 
 template <class T, int Sign>
 void accumulate_partial(BackwardContext<T>& ctx, std::size_t i, UnitPartial<Sign>, const BasicTensor<T>& dz,
@@ -59,12 +75,26 @@ void accumulate_partial(BackwardContext<T>& ctx, std::size_t i, UnitPartial<Sign
   }
 }
 
-template <class T, unsigned Reads, class Rule>
-void accumulate_partial(BackwardContext<T>& ctx, std::size_t i, const RulePartial<Reads, Rule>& p,
+template <class T, unsigned Reads, class Rule, class GraphRule>
+void accumulate_partial(BackwardContext<T>& ctx, std::size_t i, const RulePartial<Reads, Rule, GraphRule>& p,
                         const BasicTensor<T>& dz, const BinaryOperands<T>& v, const Shape& shape) {
   // One expression, so the rule's result outlives the call: when sum_to hands it back unchanged,
   // accumulate copies it instead of adopting it, and the memory books see what they always saw.
   ctx.accumulate(i, sum_to(p.rule(dz, v), shape));
+}
+
+/// The same, recorded (create_graph): operands carry their identities, the sum is sum_to_size.
+template <class T, int Sign>
+void accumulate_graph_partial(BackwardContext<T>& ctx, std::size_t i, UnitPartial<Sign>, const BasicTensor<T>& dz,
+                              const BinaryOperands<T>&, const Shape& shape) {
+  if constexpr (Sign > 0) ctx.accumulate(i, sum_to_size(dz, shape));
+  else ctx.accumulate(i, neg(sum_to_size(dz, shape)));
+}
+
+template <class T, unsigned Reads, class Rule, class GraphRule>
+void accumulate_graph_partial(BackwardContext<T>& ctx, std::size_t i, const RulePartial<Reads, Rule, GraphRule>& p,
+                              const BasicTensor<T>& dz, const BinaryOperands<T>& v, const Shape& shape) {
+  ctx.accumulate(i, sum_to_size(p.graph(dz, v), shape));
 }
 
 /// z = forward(a, b) with broadcasting; da and db through the partials `grad_a` and `grad_b`
@@ -96,11 +126,30 @@ BasicTensor<T> binary_op(OpId op, const BasicTensor<T>& a, const BasicTensor<T>&
               const BasicTensor<T>& dz = ctx.grad_output();
               BinaryOperands<T> v;
               const std::array<BasicTensor<T>*, 3> operand{&v.a, &v.b, &v.z};
+              constexpr bool recordable = HasGraphForm<GradA>::value && HasGraphForm<GradB>::value;
+              const bool graph = recordable && ctx.create_graph();
               // Each saved tensor is checked (in-place writes) as it is first read, not before.
+              // Recorded, each carries its identity: a, b as inputs 0, 1; z as the output.
               const auto load = [&](unsigned reads) {
                 for (std::size_t k = 0; k < operand.size(); ++k)
-                  if (((reads >> k) & 1u) && !operand[k]->defined()) *operand[k] = ctx.saved(slot[k]);
+                  if (((reads >> k) & 1u) && !operand[k]->defined()) {
+                    *operand[k] = ctx.saved(slot[k]);
+                    if (graph) *operand[k] = k < 2 ? ctx.as_input(k, *operand[k]) : ctx.as_output(0, *operand[k]);
+                  }
               };
+              if constexpr (recordable) {
+                if (graph) {
+                  if (ctx.needs_grad(0)) {
+                    load(GradA::reads);
+                    accumulate_graph_partial(ctx, 0, grad_a, dz, v, sa);
+                  }
+                  if (ctx.needs_grad(1)) {
+                    load(GradB::reads);
+                    accumulate_graph_partial(ctx, 1, grad_b, dz, v, sb);
+                  }
+                  return;
+                }
+              }
               if (ctx.needs_grad(0)) {
                 load(GradA::reads);
                 accumulate_partial(ctx, 0, grad_a, dz, v, sa);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "remat/core/produce.hpp"
 #include "remat/core/tensor.hpp"
@@ -55,9 +56,17 @@ void map_elements(BasicTensor<T>& out, F f, const In&... in) {
 /// What an element-wise unary op keeps for its backward.
 enum class UnarySaves { nothing, input, output };
 
+/// Whether an element-wise op's backward formula also serves a backward that records its ops
+/// (create_graph): `same_formula` when it is written so that it computes on tensors as well as on
+/// Eigen arrays (one formula, the same operations in the same order, so the same bits); an op
+/// without it refuses create_graph (its formula uses array functions no tensor op has yet).
+enum class GraphFormula { none, same };
+inline constexpr auto same_formula = std::integral_constant<GraphFormula, GraphFormula::same>{};
+
 /// y = forward(x); dx = backward(dy) or backward(dy, saved), with saved = x or y as `Saves` says.
-template <UnarySaves Saves, class T, class Forward, class Backward>
-BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
+template <UnarySaves Saves, class T, class Forward, class Backward, GraphFormula Graph = GraphFormula::none>
+BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward,
+                        std::integral_constant<GraphFormula, Graph> = {}) {
   BasicTensor<T> y = produce<T>(op, x.shape(), static_cast<double>(x.numel()), {x}, [=] {
     BasicTensor<T> out(x.shape());
     map_elements(out, forward, x);
@@ -69,6 +78,14 @@ BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backw
     if constexpr (Saves == UnarySaves::output) saved.emplace_back(y);
     record<T>(op, {x}, {&y}, std::move(saved), [backward](BackwardContext<T>& ctx) {
       const BasicTensor<T>& dy = ctx.grad_output();
+      if constexpr (Graph == GraphFormula::same) {
+        if (ctx.create_graph()) {  // the formula on tensors, the saved one with its identity
+          if constexpr (Saves == UnarySaves::nothing) ctx.accumulate(0, backward(dy));
+          if constexpr (Saves == UnarySaves::input) ctx.accumulate(0, backward(dy, ctx.as_input(0, ctx.saved(0))));
+          if constexpr (Saves == UnarySaves::output) ctx.accumulate(0, backward(dy, ctx.as_output(0, ctx.saved(0))));
+          return;
+        }
+      }
       BasicTensor<T> dx(dy.shape());
       if constexpr (Saves == UnarySaves::nothing) map_elements(dx, backward, dy);
       else map_elements(dx, backward, dy, ctx.template saved<T>(0));
@@ -79,21 +96,24 @@ BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backw
 }
 
 /// y = forward(x); dx = backward(dy, y). Saves: y (for ops whose derivative is a function of y).
-template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_output(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
-  return unary_op<UnarySaves::output>(op, x, forward, backward);
+template <class T, class Forward, class Backward, GraphFormula Graph = GraphFormula::none>
+BasicTensor<T> unary_saving_output(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward,
+                                   std::integral_constant<GraphFormula, Graph> graph = {}) {
+  return unary_op<UnarySaves::output>(op, x, forward, backward, graph);
 }
 
 /// y = forward(x); dx = backward(dy, x). Saves: x.
-template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_input(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
-  return unary_op<UnarySaves::input>(op, x, forward, backward);
+template <class T, class Forward, class Backward, GraphFormula Graph = GraphFormula::none>
+BasicTensor<T> unary_saving_input(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward,
+                                  std::integral_constant<GraphFormula, Graph> graph = {}) {
+  return unary_op<UnarySaves::input>(op, x, forward, backward, graph);
 }
 
 /// y = forward(x); dx = backward(dy). Saves nothing (linear ops: negation, scalar add and scale).
-template <class T, class Forward, class Backward>
-BasicTensor<T> unary_saving_nothing(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward) {
-  return unary_op<UnarySaves::nothing>(op, x, forward, backward);
+template <class T, class Forward, class Backward, GraphFormula Graph = GraphFormula::none>
+BasicTensor<T> unary_saving_nothing(OpId op, const BasicTensor<T>& x, Forward forward, Backward backward,
+                                    std::integral_constant<GraphFormula, Graph> graph = {}) {
+  return unary_op<UnarySaves::nothing>(op, x, forward, backward, graph);
 }
 
 }  // namespace remat::detail
