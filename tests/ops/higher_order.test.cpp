@@ -200,7 +200,9 @@ TEST_CASE("create_graph: what it cannot record yet is an error naming the op or 
   GradOptions recorded;
   recorded.create_graph = true;
   REQUIRE_ERROR(grad(sum(gelu(x)), {x}, recorded), "'gelu'", "create_graph", "second differentiation");
-  REQUIRE_ERROR(grad(sum(checkpoint([](const Tensor& t) { return t * t; }, x)), {x}, recorded), "create_graph");
+  // Chain schedules run their steps' backward by their own walks: not recordable yet.
+  const std::vector<ChainStep> steps(4, [](const Tensor& h) { return tanh(h); });
+  REQUIRE_ERROR(grad(sum(checkpoint_sequential(steps, x * 1.0f, policy::binomial(2))), {x}, recorded), "create_graph");
   {
     Tensor y = sum(x * x);
     autocast on;

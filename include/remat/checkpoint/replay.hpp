@@ -113,31 +113,49 @@ decltype(auto) as_replay(Generator::State rng, const DrawnGenerators* others, co
   return std::forward<F>(fn)();
 }
 
-/// A computation recorded on a tape of its own, to be walked backward once.
+/// A computation recorded on a tape of its own, to be walked backward once; or, for a backward
+/// that records its ops (create_graph), recorded onto the tape that backward walks, where it stays
+/// (after the nodes that walk visits, before the ones its own walk records) for a second
+/// differentiation to walk it too.
 class RecordedRun {
  public:
+  /// A run on a tape of its own.
+  RecordedRun() = default;
+  /// A run recorded onto `onto` from its current position on.
+  explicit RecordedRun(Tape& onto) : onto_(&onto), first_(onto.position()) {}
+  RecordedRun(const RecordedRun&) = delete;
+  RecordedRun& operator=(const RecordedRun&) = delete;
+
   /// Runs fn() recording onto this run's tape, whatever the enclosing grad and recording modes.
   template <class F>
   decltype(auto) record(F&& fn) {
-    TapeGuard use(tape_);
+    TapeGuard use(onto_ ? *onto_ : tape_);
     auto recording = scoped_recording(true);
     enable_grad grad_on;
     return std::forward<F>(fn)();
   }
 
   /// Seeds grads[i] into outputs[i] (for outputs that require grad) and backpropagates the whole
-  /// tape, freeing its activations unless `retain_graph` (then it can be walked again).
+  /// run, freeing its activations unless `retain_graph` (then it can be walked again). A run on
+  /// another tape walks its own stretch of it, recording its ops (create_graph), and keeps it.
   void backward(const std::vector<Tensor*>& outputs, const std::vector<Tensor>& grads, bool retain_graph = false) {
     REMAT_ASSERT(outputs.size() == grads.size());
+    const bool graph = onto_ != nullptr;
+    const TapePosition end = onto_ ? onto_->position() : 0;  // the run's last node, before any seeding sum
     for (std::size_t i = 0; i < outputs.size(); ++i)
-      if (outputs[i]->requires_grad() && grads[i].defined()) accumulate_grad(*outputs[i]->meta(), copy_of(grads[i]));
-    tape_.backward(tape_.position(), 0, retain_graph);
+      if (outputs[i]->requires_grad() && grads[i].defined())
+        accumulate_grad(*outputs[i]->meta(), graph ? grads[i] : copy_of(grads[i]), graph);
+    if (!graph) return tape_.backward(tape_.position(), 0, retain_graph);
+    Install<&Session::create_graph> recorded(true);
+    onto_->backward(end, first_, true);
   }
 
-  const Tape& tape() const { return tape_; }
+  const Tape& tape() const { return onto_ ? *onto_ : tape_; }
 
  private:
   Tape tape_;
+  Tape* onto_ = nullptr;
+  TapePosition first_ = 0;
 };
 
 }  // namespace remat::detail

@@ -245,8 +245,8 @@ class TypedNode final : public Node {
                 "backward: op '{}' cannot record its backward (create_graph): its gradient would have no "
                 "graph, so a second differentiation through it would be wrong. create_graph supports the "
                 "element-wise arithmetic ops, tanh, sigmoid, relu, exp, log, sqrt, pow, sum, mean, reshape, "
-                "broadcast_to, sum_to_size, matmul and linear, without checkpoint(), autocast or "
-                "saved-tensor stores", name());
+                "masked_fill, dropout, broadcast_to, sum_to_size, matmul, linear and checkpoint() (not nested, "
+                "not chain schedules), without autocast or saved-tensor stores", name());
     if (!retain_graph) release();
   }
 

@@ -37,6 +37,27 @@ void apply_dropout_mask(const T* in, T* out, std::int64_t n, float p, T scale, G
   });
 }
 
+/// x with `draw`'s mask applied, kept elements scaled: dropout's forward and, the map being
+/// linear, its backward too, which a backward that records its ops (create_graph) records as
+/// this same op (its gradient, again the mask).
+template <class T>
+BasicTensor<T> apply_dropout(const BasicTensor<T>& x, const DropoutDraw<T>& draw) {
+  const std::int64_t n = x.numel();
+  BasicTensor<T> y = produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
+    BasicTensor<T> out(x.shape());
+    apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
+    return out;
+  });
+  if (grad_needed(x))
+    record<T>(op::dropout, {x}, {&y}, {}, [draw, n](BackwardContext<T>& ctx) {
+      if (ctx.create_graph()) return ctx.accumulate(0, apply_dropout(ctx.grad_output(), draw));
+      BasicTensor<T> dx(ctx.grad_output().shape());
+      apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, draw.threshold, draw.scale, draw.at_entry);
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
 }  // namespace detail
 
 /// Training: y = x ⊙ m / (1 - p), m_i ~ Bernoulli(1 - p) drawn from `gen`; evaluation or p = 0:
@@ -50,20 +71,7 @@ BasicTensor<T> dropout(const BasicTensor<T>& x, double p, bool training = true, 
   else {
     REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
     if (!training || p == 0.0) return x;
-    const std::int64_t n = x.numel();
-    const detail::DropoutDraw<T> draw(p, static_cast<std::uint64_t>(n), gen);
-    BasicTensor<T> y = detail::produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
-      BasicTensor<T> out(x.shape());
-      detail::apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
-      return out;
-    });
-    if (detail::grad_needed(x))
-      detail::record<T>(op::dropout, {x}, {&y}, {}, [draw, n](detail::BackwardContext<T>& ctx) {
-        BasicTensor<T> dx(ctx.grad_output().shape());
-        detail::apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, draw.threshold, draw.scale, draw.at_entry);
-        ctx.accumulate(0, std::move(dx));
-      });
-    return y;
+    return detail::apply_dropout(x, detail::DropoutDraw<T>(p, static_cast<std::uint64_t>(x.numel()), gen));
   }
 }
 
