@@ -303,3 +303,48 @@ TEST_CASE("online chains advanced alternately: where the bitwise promise stops, 
   for (std::size_t k = 0; k < chains[last].size(); ++k)
     CHECK(chains[last][k] == Approx(interleaved[last][k]).epsilon(1e-5).margin(1e-6));
 }
+
+TEST_CASE("checkpoint: segments nested with no op between them give bitwise the same gradients",
+          "[checkpoint][nested][bitwise][early_stop]") {
+  // The enclosing segment makes no op of its own: everything it computes is made inside nested
+  // scopes, whose places in its positions decide what its replay computes.
+  Generator init(11);
+  const Tensor w1_data = randn({8, 8}, init) * 0.3f, w2_data = randn({8, 8}, init) * 0.3f;
+  const Tensor x_data = randn({4, 8}, init);
+  for (const bool early_stop : {true, false}) {
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      auto run = [&](bool ck) {
+        return [&, ck] {
+          CheckpointEarlyStop stop(early_stop);
+          Tensor w1 = w1_data.detach().requires_grad_(), w2 = w2_data.detach().requires_grad_();
+          Tensor x = x_data.detach().requires_grad_();
+          auto block_a = [&w1](const Tensor& h) { return h + tanh(linear(h, w1)); };
+          auto block_b = [&w2](const Tensor& h) { return h * sigmoid(linear(h, w2)); };
+          // f moved in: checkpoint() holds a temporary by value, and these segments replay in backward
+          auto seg = [ck](auto f, const Tensor& h) { return ck ? checkpoint(std::move(f), h) : f(h); };
+          const std::vector<ChainStep> steps{block_a, block_b, block_a};  // the chain holds them by reference
+          Tensor y;
+          if (pattern == 0) {  // two siblings, nothing else
+            y = seg([&](const Tensor& t) { return seg(block_b, seg(block_a, t)); }, x);
+          } else if (pattern == 1) {  // three levels deep
+            y = seg([&](const Tensor& t) { return seg([&](const Tensor& u) { return seg(block_b, seg(block_a, u)); }, t); },
+                    x);
+          } else if (pattern == 2) {  // a chain inside, then a sibling segment
+            y = seg([&](const Tensor& t) {
+                      const Tensor c = ck ? checkpoint_sequential(steps, t, policy::binomial(1))
+                                          : block_a(block_b(block_a(t)));
+                      return seg(block_b, c);
+                    },
+                    x);
+          } else {  // an op, then siblings, then an op
+            y = seg([&](const Tensor& t) { return seg(block_b, seg(block_a, t * 0.5f)) * 2.0f; }, x);
+          }
+          sum(y * y).backward();
+          return testing::RunRecord().grad("w1", w1).grad("w2", w2).grad("x", x);
+        };
+      };
+      INFO("pattern " << pattern << ", early stop " << early_stop);
+      CHECK_SAME_RUNS(run(false), run(true));
+    }
+  }
+}

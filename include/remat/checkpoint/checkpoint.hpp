@@ -168,8 +168,6 @@ struct Segment {
     if (!recorded)
       for (std::size_t j = 0; j < kept; ++j) kept_outputs.emplace_back(ctx.saved(kept_first + j));
     std::optional<R> replayed;
-    std::optional<Install<&Session::recorded_replays>> recording_replay;
-    if (recorded) recording_replay.emplace(session().recorded_replays + 1);
     run.record([&] {
       TimelineSpan span("replay", [&] { return "replay " + options.name; });
       ReplayNotice notice({"checkpoint", options.name.c_str()});
@@ -177,9 +175,7 @@ struct Segment {
         RunParts parts;
         static const std::vector<KeptOp> none;
         const SelectiveReuse& kept_ones = parts.reuse_kept(recorded ? none : kept_ops, kept_outputs, options.name);
-        // Recorded, every op computes: the recorded replay stays for a second differentiation,
-        // whose walk may read any of its values.
-        parts.stop_after(reads.last_needed, early_stop && !recorded);
+        parts.stop_after(reads.last_needed, early_stop);
         if (debug) parts.trace(replay_trace);
         auto call_args = replay_args(ctx);
         replayed.emplace(std::apply([&](auto&... a) { return R(std::invoke(fn, a...)); }, call_args));
@@ -266,14 +262,6 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
                                 std::decay_t<F>>;
   using Seg = detail::Segment<R, Fn, Args...>;
   if (!is_grad_enabled()) return R(std::invoke(fn, args...));  // nothing to save for
-  // A segment nested in another, replayed for create_graph: its enclosing segment's later
-  // first-order replays skip its inputs' computation (they are made in a sibling's scope), which
-  // the second-order walk then reads. Refused until that is fixed, rather than wrong.
-  REMAT_CHECK(detail::session().recorded_replays == 0,
-              "checkpoint: create_graph through a checkpoint nested inside another checkpoint is not available yet "
-              "(segment '{}'); nest them only for first-order gradients, or checkpoint each block at one level",
-              options.name);
-
   const bool recording = detail::session().recording;  // false inside an enclosing segment's forward
   auto segment = std::make_shared<Seg>(Fn(std::forward<F>(fn)), std::tuple<std::decay_t<Args>...>(args...),
                                        std::move(options));

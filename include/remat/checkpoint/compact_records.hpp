@@ -43,6 +43,7 @@ class CompactRecorder final : public ScopeListener {
       made_at_[v.storage->serial()].push_back(static_cast<std::uint32_t>(outputs_.size() - 1));
     }
   }
+  void nested(std::size_t) override { outputs_.emplace_back(); }  // a place with no outputs of its own
 
   void saved(const std::vector<SavedTensor>& saved) override {
     for (const SavedTensor& s : saved) {
@@ -256,6 +257,7 @@ class CompactRebuild final : public ScopeListener {
     ops_ = hash_op(ops_, out);
   }
   void saved(const std::vector<SavedTensor>&) override {}
+  void nested(std::size_t) override { ops_ = hash_nested(ops_); }
 
   /// A remat::Error when the rebuild ran other ops than the forward (its graph would route
   /// gradients through outputs handed to the wrong ops).

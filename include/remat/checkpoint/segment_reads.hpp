@@ -35,6 +35,8 @@ inline std::uint64_t hash_op(std::uint64_t h, const OpOutput& out) {
   return h;
 }
 inline constexpr std::uint64_t kEmptyOpHash = kFnvOffset;
+/// Folds a nested scope's place into a hash of a run's op sequence (hash_op).
+inline std::uint64_t hash_nested(std::uint64_t h) { return fnv1a_mix(h, ~std::uint64_t{0}); }
 
 struct SegmentReads {
   /// Position (among the op outputs the segment reports, from 0) of the last output a backward
@@ -74,6 +76,11 @@ class SegmentReadsListener final : public ScopeListener {
     reads_.ops = hash_op(reads_.ops, out);
   }
 
+  void nested(std::size_t position) override {
+    position_ = static_cast<std::ptrdiff_t>(position) + 1;
+    reads_.ops = hash_nested(reads_.ops);
+  }
+
   void saved(const std::vector<SavedTensor>& saved) override {
     for (const SavedTensor& s : saved) {
       const Storage* storage = s.storage();
@@ -82,7 +89,7 @@ class SegmentReadsListener final : public ScopeListener {
         reads_.last_needed = std::max(reads_.last_needed, it->second);
       } else if (storage->serial() >= first_serial_) {
         // Made inside the segment but not by one of its ops (a factory, a user's own kernel, a
-        // nested scope): it may depend on any output so far, so all of those are needed.
+        // nested scope): it may depend on any place so far, so all of those are needed.
         reads_.last_needed = std::max(reads_.last_needed, position_ - 1);
       } else if (seen_outside_.insert(storage->serial()).second) {
         reads_.outside.push_back({s.shared_storage(), s.shape(), s.version()});
@@ -93,7 +100,7 @@ class SegmentReadsListener final : public ScopeListener {
  private:
   SegmentReads& reads_;
   std::uint64_t first_serial_;
-  std::ptrdiff_t position_ = 0;  // ops made so far
+  std::ptrdiff_t position_ = 0;  // places taken so far (ops and nested scopes)
   std::unordered_map<std::uint64_t, std::ptrdiff_t> made_at_;
   std::unordered_set<std::uint64_t> seen_outside_;
 };

@@ -6,9 +6,10 @@
 //
 // A run scope (RunScope) is a stretch of ops counted together: a checkpoint's forward or replay,
 // a chain step's run, a decider a user installs. Scopes nest, with one rule each way:
-//   - An op's position (OpOutput::position) counts the ops of its own scope only: the ops of a
-//     nested scope are one stretch that its enclosing scope does not see, so a scope's positions
-//     are the same in every run of it, whatever runs nested inside.
+//   - An op's position (OpOutput::position) counts the ops of its own scope only: a nested scope
+//     is one place among them, whatever it runs, so a scope's positions are the same in every run
+//     of it. (It is a place, not nothing: what a nested scope makes — a nested segment's boundary
+//     — may be all a later save reads, and the enclosing replay must then compute that stretch.)
 //   - An op is handed stored outputs only by its own scope's decider (reuse), and skipped when its
 //     own scope's decider skips it or an enclosing scope's decider skips what comes at its place
 //     (a replay past what its backward reads skips everything inside), up to a scope that is a
@@ -162,6 +163,8 @@ class ScopeListener {
   virtual void produced(const OpOutput& out, const std::vector<TensorRef>& values) = 0;
   /// A node was recorded (or would be) that keeps `saved` for its backward.
   virtual void saved(const std::vector<SavedTensor>& saved) = 0;
+  /// A nested scope ended; it took `position` among this scope's positions.
+  virtual void nested(std::size_t position) { (void)position; }
 
  protected:
   ~ScopeListener() = default;
@@ -175,16 +178,20 @@ class RunScope {
   /// skip nothing inside it.
   explicit RunScope(OpOutputHook* decider = nullptr, bool barrier = false)
       : decider_(decider), barrier_(barrier), first_serial_(next_storage_serial(false)), installed_(this) {}
-  /// Reports the saves it heard of tensors made before it to the enclosing scope.
+  /// Reports the saves it heard of tensors made before it to the enclosing scope, and takes its
+  /// place there.
   ~RunScope() {
-    if (RunScope* parent = installed_.kept(); parent && !outside_.empty()) parent->saved(outside_);
+    if (RunScope* parent = installed_.kept()) {
+      if (!outside_.empty()) parent->saved(outside_);
+      parent->nested_ended();
+    }
   }
   RunScope(const RunScope&) = delete;
   RunScope& operator=(const RunScope&) = delete;
 
   /// `l` hears this scope's ops and saves from now on, for the scope's lifetime.
   void listen(ScopeListener& l) { listeners_.push_back(&l); }
-  /// Ops made in this scope so far (the position of the next).
+  /// Places taken in this scope so far, ops and nested scopes (the position of the next).
   std::size_t ops() const { return ops_; }
   OpOutputHook* decider() const { return decider_; }
   bool barrier() const { return barrier_; }
@@ -194,6 +201,11 @@ class RunScope {
   /// An op of this scope made its outputs.
   void produced(const OpOutput& out, const std::vector<TensorRef>& values) {
     for (ScopeListener* l : listeners_) l->produced(out, values);
+    ++ops_;
+  }
+  /// A scope nested in this one ended: it was one place here.
+  void nested_ended() {
+    for (ScopeListener* l : listeners_) l->nested(ops_);
     ++ops_;
   }
   /// A save reported while this scope is the innermost.

@@ -74,7 +74,6 @@ struct Session {
   bool discard_leaf_grads = false;  ///< a dry run: gradients reaching leaves are dropped
   GradCapture* grad_capture = nullptr;  ///< remat::grad() walking: leaves' .grad put back after
   bool create_graph = false;        ///< a backward walk that records its own ops (create_graph)
-  int recorded_replays = 0;         ///< > 0 while a checkpoint's replay is recorded for create_graph
   bool autocast = false;            ///< remat::autocast: float32 matrix products on the bfloat16 GEMM
   std::shared_ptr<AutocastCache> autocast_cache;  ///< the outermost autocast scope's parameter casts
 

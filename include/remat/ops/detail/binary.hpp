@@ -137,27 +137,16 @@ BasicTensor<T> binary_op(OpId op, const BasicTensor<T>& a, const BasicTensor<T>&
                     if (graph) *operand[k] = k < 2 ? ctx.as_input(k, *operand[k]) : ctx.as_output(0, *operand[k]);
                   }
               };
-              if constexpr (recordable) {
-                if (graph) {
-                  if (ctx.needs_grad(0)) {
-                    load(GradA::reads);
-                    accumulate_graph_partial(ctx, 0, grad_a, dz, v, sa);
-                  }
-                  if (ctx.needs_grad(1)) {
-                    load(GradB::reads);
-                    accumulate_graph_partial(ctx, 1, grad_b, dz, v, sb);
-                  }
-                  return;
+              const auto partial = [&](std::size_t i, unsigned reads, const auto& rule, const Shape& shape) {
+                if (!ctx.needs_grad(i)) return;
+                load(reads);
+                if constexpr (recordable) {
+                  if (graph) return accumulate_graph_partial(ctx, i, rule, dz, v, shape);
                 }
-              }
-              if (ctx.needs_grad(0)) {
-                load(GradA::reads);
-                accumulate_partial(ctx, 0, grad_a, dz, v, sa);
-              }
-              if (ctx.needs_grad(1)) {
-                load(GradB::reads);
-                accumulate_partial(ctx, 1, grad_b, dz, v, sb);
-              }
+                accumulate_partial(ctx, i, rule, dz, v, shape);
+              };
+              partial(0, GradA::reads, grad_a, sa);
+              partial(1, GradB::reads, grad_b, sb);
             });
   return z;
 }
