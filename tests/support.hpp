@@ -76,6 +76,24 @@ std::vector<T> values(const BasicTensor<T>& t) {
   return t.to_vector();
 }
 
+/// x², as an op of a user's own whose backward does not record its ops (it never asks
+/// create_graph()): what a create_graph walk must refuse, naming it.
+inline Tensor unrecordable_square(const Tensor& x) {
+  static const OpId id = register_op("unrecordable_square");
+  Tensor y = detail::produce<float>(id, x.shape(), static_cast<double>(x.numel()), {x}, [=] {
+    Tensor out(x.shape());
+    detail::flat(out) = detail::flat(x).square();
+    return out;
+  });
+  if (detail::grad_needed(x))
+    detail::record<float>(id, {x}, {&y}, {x}, [](detail::BackwardContext<float>& ctx) {
+      Tensor dx(ctx.grad_output().shape());
+      detail::flat(dx) = detail::flat(ctx.grad_output()) * detail::flat(ctx.saved(0)) * 2.0f;
+      ctx.accumulate(0, std::move(dx));
+    });
+  return y;
+}
+
 }  // namespace remat::test
 
 /// REQUIRE that `expr` throws remat::Error whose message contains every given fragment.

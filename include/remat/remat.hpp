@@ -50,6 +50,7 @@
 #include "remat/ops/dropout_add.hpp"
 #include "remat/ops/embedding.hpp"
 #include "remat/ops/exp.hpp"
+#include "remat/ops/erf.hpp"
 #include "remat/ops/gelu.hpp"
 #include "remat/ops/bias_gelu.hpp"
 #include "remat/ops/broadcast_to.hpp"

@@ -66,6 +66,7 @@ std::vector<DtypeCase> every_op() {
       row("log", {m}, [](const auto& x) { return log(x[0]); }, true),
       row("sqrt", {m}, [](const auto& x) { return sqrt(x[0]); }, true),
       row("tanh", {m}, [](const auto& x) { return tanh(x[0]); }),
+      row("erf", {m}, [](const auto& x) { return erf(x[0]); }),
       row("matmul", {{2, 3, 5}, {5, 4}}, [](const auto& x) { return matmul(x[0], x[1]); }),
       row("matmul_transposed", {{2, 5, 3}, {2, 4, 5}}, [](const auto& x) { return matmul(x[0], x[1], true, true); }),
       row("linear", {{2, 3, 5}, {4, 5}, {4}}, [](const auto& x) { return linear(x[0], x[1], x[2]); }),

@@ -5,7 +5,7 @@
 
 using namespace remat;
 
-// exp, log, sqrt, pow, tanh, sigmoid, relu: each against std:: and finite differences.
+// exp, log, sqrt, pow, tanh, sigmoid, relu, erf: each against std:: and finite differences.
 namespace {
 void check_against_std(Tensor (*op)(const Tensor&), double (*ref)(double), std::vector<float> inputs) {
   const Tensor y = op(tensor(inputs));
@@ -16,13 +16,15 @@ double sigmoid_ref(double v) { return 1 / (1 + std::exp(-v)); }
 double relu_ref(double v) { return v > 0 ? v : 0; }
 }  // namespace
 
-TEST_CASE("exp, log, sqrt, tanh, sigmoid, relu: values match the std functions", "[ops][exp][log][sqrt][tanh][sigmoid][relu]") {
+TEST_CASE("exp, log, sqrt, tanh, sigmoid, relu, erf: values match the std functions",
+          "[ops][exp][log][sqrt][tanh][sigmoid][relu][erf]") {
   check_against_std(&remat::exp<float>, [](double v) { return std::exp(v); }, {-2.f, 0.f, 1.5f});
   check_against_std(&remat::log<float>, [](double v) { return std::log(v); }, {0.1f, 1.f, 7.f});
   check_against_std(&remat::sqrt<float>, [](double v) { return std::sqrt(v); }, {0.25f, 4.f, 9.f});
   check_against_std(&remat::tanh<float>, [](double v) { return std::tanh(v); }, {-3.f, 0.2f, 1.f});
   check_against_std(&remat::sigmoid<float>, &sigmoid_ref, {-3.f, 0.f, 2.f});
   check_against_std(&remat::relu<float>, &relu_ref, {-3.f, 0.f, 2.f});
+  check_against_std(&remat::erf<float>, [](double v) { return std::erf(v); }, {-2.5f, -0.3f, 0.f, 0.7f, 4.f});
   CHECK(test::values(pow(tensor({2.f, 3.f}), 3)) == std::vector<float>{8, 27});
 }
 
@@ -42,7 +44,8 @@ TEST_CASE("exp: below the smallest normal and at -inf the result is exactly 0, i
   }
 }
 
-TEST_CASE("exp, log, sqrt, pow, tanh, sigmoid, relu: backward matches finite differences", "[ops][exp][log][sqrt][pow][tanh][sigmoid][relu]") {
+TEST_CASE("exp, log, sqrt, pow, tanh, sigmoid, relu, erf: backward matches finite differences",
+          "[ops][exp][log][sqrt][pow][tanh][sigmoid][relu][erf]") {
   const DoubleTensor positive = (rand<double>({3, 4}) + 0.5).detach();
   test::require_gradcheck([](test::Inputs x) { return exp(x[0]); }, {randn<double>({3, 4})});
   test::require_gradcheck([](test::Inputs x) { return log(x[0]); }, {positive});
@@ -51,6 +54,7 @@ TEST_CASE("exp, log, sqrt, pow, tanh, sigmoid, relu: backward matches finite dif
   test::require_gradcheck([](test::Inputs x) { return pow(x[0], 3); }, {randn<double>({5})});
   test::require_gradcheck([](test::Inputs x) { return tanh(x[0]); }, {randn<double>({3, 4})});
   test::require_gradcheck([](test::Inputs x) { return sigmoid(x[0]); }, {randn<double>({3, 4})});
+  test::require_gradcheck([](test::Inputs x) { return erf(x[0]); }, {randn<double>({3, 4})});
   // relu is not differentiable at 0; keep inputs away from it.
   test::require_gradcheck([](test::Inputs x) { return relu(x[0]); }, {tensor<double>({-1.5, -0.3, 0.4, 2.0})});
 }

@@ -156,6 +156,7 @@ BasicTensor<U> to(const BasicTensor<T>& t) {
   if constexpr (detail::is_floating_dtype<T> && detail::is_floating_dtype<U>) {
     if (detail::grad_needed(t))
       detail::record<T, U>(op::to, {t}, {&y}, {}, [](detail::BackwardContext<T, U>& ctx) {
+        if (ctx.create_graph()) return ctx.accumulate(0, to<T>(ctx.grad_output()));  // the same cast, recorded
         ctx.accumulate(0, detail::cast_copy<T>(ctx.grad_output()));
       });
   }

@@ -30,6 +30,12 @@
 // and whose matmuls cast their operands. The output, P V's float32 sums, is rounded to bfloat16
 // values as that composition's last matmul rounds it (core/autocast.hpp: round_product_output), so
 // both forms hand the next op the same kind of value; its gradient passes through unchanged.
+//
+// Recorded (create_graph), the backward is the formulas above in tensor ops — the probabilities
+// computed again by matmul, masked_fill and softmax from q and k (with their graph), the dropout
+// mask applied by the recorded dropout (the same draw) — so a second derivative reaches q, k and v
+// through P. Equal to the fused backward to rounding (P comes from softmax, not from the saved
+// log-sum-exp), not bit for bit.
 
 #include <algorithm>
 #include <array>
@@ -44,6 +50,17 @@
 #include "remat/ops/detail/dropout_draw.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
+#include "remat/ops/cat.hpp"
+#include "remat/ops/dropout.hpp"
+#include "remat/ops/masked_fill.hpp"
+#include "remat/ops/matmul.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/narrow.hpp"
+#include "remat/ops/permute.hpp"
+#include "remat/ops/reshape.hpp"
+#include "remat/ops/softmax.hpp"
+#include "remat/ops/sub.hpp"
+#include "remat/ops/sum.hpp"
 
 namespace remat {
 namespace op {
@@ -202,6 +219,30 @@ DropoutDraw<T> attention_dropout(double dropout_p, bool training, std::int64_t e
 
 namespace detail {
 
+/// dq, dk, dv of causal attention as recorded ops (create_graph), q, k, v and dy (B, H, T, D) with
+/// their graphs: the formulas of the header, P computed again from q and k.
+template <class T>
+std::array<BasicTensor<T>, 3> attention_backward_recorded(const BasicTensor<T>& q, const BasicTensor<T>& k,
+                                                          const BasicTensor<T>& v, const BasicTensor<T>& dy, T scale,
+                                                          const DropoutDraw<T>& drop) {
+  const BasicTensor<T> scores = masked_fill(matmul(q, k, false, true) * scale, causal_mask(q.size(2)),
+                                            -std::numeric_limits<T>::infinity());
+  const BasicTensor<T> p = softmax(scores);
+  const bool dropping = drop.threshold > 0;
+  BasicTensor<T> dp = matmul(dy, v, false, true);  // dY Vᵀ
+  if (dropping) dp = apply_dropout(dp, drop);     // dP = M ⊙ dY Vᵀ
+  const BasicTensor<T> dv = matmul(dropping ? apply_dropout(p, drop) : p, dy, true, false);  // Pdᵀ dY
+  const BasicTensor<T> ds = p * (dp - remat::sum(dp * p, -1, true)) * scale;
+  return {matmul(ds, k), matmul(ds, q, true, false), dv};  // dS K, dSᵀ Q
+}
+
+/// The refusal of a recorded backward through an attention whose forward ran under autocast (its
+/// saved q, k, v are bfloat16 copies with no graph).
+inline Error attention_autocast_refusal(const char* op) {
+  return Error(fmt::format("{}: create_graph through an attention computed under autocast is not available; run the "
+                           "forward outside autocast to differentiate it twice", op));
+}
+
 /// An attention's work: its two products' flops, and its B·H·t² scores (scaled, masked, softmaxed,
 /// dropped out, then dropped), which cost it more than its products at a GPT's head sizes.
 inline OpWork attention_work(std::int64_t B, std::int64_t H, std::int64_t t, std::int64_t d) {
@@ -234,6 +275,17 @@ BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<
   if (grad_needed(q, k, v))
     record<T>(op::causal_attention, {q, k, v}, {&y}, {qe, ke, ve, lse}, [=](BackwardContext<T>& ctx) {
       const BasicTensor<E> qs = ctx.template saved<E>(0), ks = ctx.template saved<E>(1), vs = ctx.template saved<E>(2);
+      if (ctx.create_graph()) {
+        if constexpr (std::is_same_v<E, T>) {
+          const auto grads = attention_backward_recorded(ctx.as_input(0, qs), ctx.as_input(1, ks), ctx.as_input(2, vs),
+                                                         ctx.grad_output(), scale, drop);
+          for (std::size_t i = 0; i < 3; ++i)
+            if (ctx.needs_grad(i)) ctx.accumulate(i, grads[i]);
+          return;
+        } else {
+          throw attention_autocast_refusal("causal_attention");
+        }
+      }
       const BasicTensor<T> ls = ctx.saved(3);
       const BasicTensor<E> dy = as_operand<E>(ctx.grad_output());
       BasicTensor<T> dq(qs.shape()), dk(qs.shape()), dv(qs.shape());
@@ -267,6 +319,22 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
   if (grad_needed(qkv))
     record<T>(op::causal_self_attention, {qkv}, {&y}, {qkve, lse}, [=](BackwardContext<T>& ctx) {
       const BasicTensor<E> packed = ctx.template saved<E>(0);
+      if (ctx.create_graph()) {
+        if constexpr (std::is_same_v<E, T>) {
+          // The packed layout by views and copies: q, k, v split, heads to (B, H, T, D), and back.
+          const BasicTensor<T> x = ctx.as_input(0, packed);
+          const auto heads = [&](const BasicTensor<T>& part) {
+            return permute(reshape(part, {B, t, H, d}), {0, 2, 1, 3});
+          };
+          const auto merged = [&](const BasicTensor<T>& g) { return reshape(permute(g, {0, 2, 1, 3}), {B, t, C}); };
+          const auto grads = attention_backward_recorded(heads(narrow(x, 2, 0, C)), heads(narrow(x, 2, C, C)),
+                                                         heads(narrow(x, 2, 2 * C, C)), heads(ctx.grad_output()), scale,
+                                                         drop);
+          return ctx.accumulate(0, cat(std::vector<BasicTensor<T>>{merged(grads[0]), merged(grads[1]), merged(grads[2])}, 2));
+        } else {
+          throw attention_autocast_refusal("causal_self_attention");
+        }
+      }
       const BasicTensor<T> ls = ctx.saved(1);
       const BasicTensor<E> dy = as_operand<E>(ctx.grad_output());
       BasicTensor<T> grad(packed.shape());  // every element is written: q, k, v of every head

@@ -3,6 +3,8 @@
 // (the Transformer MLP's first layer), as Megatron's bias_gelu fusion. Unfused, the biased
 // pre-activation is written, read back by gelu, and its gradient read again for the bias sum.
 
+#include "remat/ops/add.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
 #include "remat/ops/gelu.hpp"
@@ -17,6 +19,8 @@ inline const OpId bias_gelu = register_op("bias_gelu");
 /// y = gelu(x + bias) over the last dim: x (..., C), bias (C,); exact or tanh GELU as gelu().
 /// With a = x + bias and g = dy ⊙ gelu'(a):  dx = g,  dbias = Σ_rows g, in one pass over the rows.
 /// Saves: x and bias (a is rebuilt row by row in backward; no (..., C) tensor beyond x is kept).
+/// Recorded (create_graph), the backward is its unfused composition: a = x + bias, the GELU
+/// derivative's formula on tensors, and sum_to_size for dbias.
 /// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
@@ -48,6 +52,13 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
     if (detail::grad_needed(x, bias))
       detail::record<T>(op::bias_gelu, {x, bias}, {&y}, {x, bias}, [c, rows, tanh](detail::BackwardContext<T>& ctx) {
         const BasicTensor<T> xs = ctx.saved(0), bs = ctx.saved(1);
+        if (ctx.create_graph()) {
+          const BasicTensor<T> a = ctx.as_input(0, xs) + ctx.as_input(1, bs);
+          const BasicTensor<T> g = tanh ? F::tanh_grad(ctx.grad_output(), a) : F::exact_grad(ctx.grad_output(), a);
+          if (ctx.needs_grad(1)) ctx.accumulate(1, sum_to_size(g, Shape{c}));
+          if (ctx.needs_grad(0)) ctx.accumulate(0, g);
+          return;
+        }
         const T* px = xs.cdata();
         const T* pdy = ctx.grad_output().cdata();
         const detail::ConstArrayMap<T> b(bs.cdata(), c);

@@ -47,8 +47,13 @@ BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
     std::vector<Shape> shapes;
     for (const BasicTensor<T>& x : xs) shapes.push_back(x.shape());
     detail::record<T>(op::cat, xs, {&y}, {}, [shapes, offsets, d](detail::BackwardContext<T>& ctx) {
+      const bool graph = ctx.create_graph();  // each piece by narrow (recorded, it is an op)
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         if (!ctx.needs_grad(i)) continue;
+        if (graph) {
+          ctx.accumulate(i, narrow(ctx.grad_output(), d, offsets[i], shapes[i][d]));
+          continue;
+        }
         BasicTensor<T> dx(shapes[i]);
         detail::copy_along(ctx.grad_output(), offsets[i], dx, 0, d, shapes[i][d]);
         ctx.accumulate(i, std::move(dx));

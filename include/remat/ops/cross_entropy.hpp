@@ -9,6 +9,10 @@
 // and the catastrophic cancellation of log(softmax(z)) when p_t underflows: the forward computes
 // log Σ e^{z − max} − (z_t − max) directly.
 // Saves: p (the backward is p − onehot, so p is all it needs) and the targets.
+//
+// Recorded (create_graph), the backward is the same formula in tensor ops, with the saved p given
+// softmax's node back to the logits (its values are the forward's, so the bits are the fused
+// backward's, and a second derivative reaches the logits through softmax's Jacobian).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,6 +22,10 @@
 #include "remat/core/threads.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
+#include "remat/ops/div.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/softmax.hpp"
+#include "remat/ops/sub.hpp"
 
 namespace remat {
 namespace op {
@@ -86,6 +94,20 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
                         [c, counted, ignore_index](detail::BackwardContext<T>& ctx) {
                           const BasicTensor<T> pv = ctx.saved(0);
                           const LongTensor tv = ctx.template saved<std::int64_t>(1);
+                          if (ctx.create_graph()) {
+                            BasicTensor<T> p(pv.storage(), pv.shape());
+                            detail::record_softmax(ctx.as_input(0, pv), p);
+                            // onehot(t) and the kept rows, constants of the targets.
+                            BasicTensor<T> onehot = zeros<T>(pv.shape());
+                            BasicTensor<T> kept = zeros<T>(pv.shape().with(pv.dim() - 1, 1));
+                            for (std::int64_t i = 0; i < tv.numel(); ++i)
+                              if (tv.data()[i] != ignore_index) {
+                                onehot.data()[i * c + tv.data()[i]] = T(1);
+                                kept.data()[i] = T(1);
+                              }
+                            const BasicTensor<T> scale = ctx.grad_output() / static_cast<T>(counted);
+                            return ctx.accumulate(0, (p * scale - onehot * scale) * kept);
+                          }
                           const T scale = ctx.grad_output().data()[0] / static_cast<T>(counted);
                           BasicTensor<T> dz(pv.shape());
                           const T* pp = pv.data();

@@ -54,8 +54,13 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
     });
     if (detail::grad_needed(h, residual))
       detail::record<T>(op::dropout_add, {h, residual}, {&y}, {},
-                        [at_entry, threshold, scale, n](detail::BackwardContext<T>& ctx) {
+                        [draw, at_entry, threshold, scale, n](detail::BackwardContext<T>& ctx) {
                           const BasicTensor<T>& dy = ctx.grad_output();
+                          if (ctx.create_graph()) {  // the same mask, as a recorded dropout
+                            if (ctx.needs_grad(0)) ctx.accumulate(0, detail::apply_dropout(dy, draw));
+                            if (ctx.needs_grad(1)) ctx.accumulate(1, dy);
+                            return;
+                          }
                           if (ctx.needs_grad(0)) {
                             BasicTensor<T> dh(dy.shape());
                             detail::apply_dropout_mask(dy.cdata(), dh.data(), n, threshold, scale, at_entry);

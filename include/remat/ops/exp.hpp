@@ -21,4 +21,17 @@ BasicTensor<T> exp(const BasicTensor<T>& x) {
       detail::same_formula);
 }
 
+namespace detail {
+/// e^x on Eigen arrays (exp_or_zero, as every op computes it) and on tensors (the op), for
+/// formulas written once for both: the two give the same bits.
+template <class X>
+auto exp_of(const Eigen::ArrayBase<X>& x) {
+  return exp_or_zero(x);
+}
+template <class T>
+BasicTensor<T> exp_of(const BasicTensor<T>& x) {
+  return remat::exp(x);
+}
+}  // namespace detail
+
 }  // namespace remat

@@ -4,8 +4,14 @@
 
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "remat/ops/add.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/unary.hpp"
+#include "remat/ops/erf.hpp"
+#include "remat/ops/exp.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/sub.hpp"
+#include "remat/ops/tanh.hpp"
 
 namespace remat {
 namespace op {
@@ -21,7 +27,9 @@ enum class GeluApproximation { none, tanh };
 
 namespace detail {
 
-/// GELU's formulas on Eigen arrays, shared by gelu and bias_gelu.
+/// GELU's formulas, shared by gelu and bias_gelu. The derivatives are written once for Eigen arrays
+/// and tensors (erf_of, exp_of, tanh_of and operators), so a backward that records its ops
+/// (create_graph) makes the same operations as the array one.
 /// Exact:  y = x Φ(x), Φ(x) = ½(1 + erf(x/√2)).  dx = dy (Φ(x) + x φ(x)), φ(x) = e^{-x²/2}/√(2π).
 /// Tanh:   y = ½ x (1 + tanh u), u = √(2/π)(x + 0.044715 x³).
 ///         dx = dy (½(1 + tanh u) + ½ x (1 - tanh² u) √(2/π)(1 + 3·0.044715 x²)).
@@ -38,7 +46,7 @@ struct Gelu {
   }
   template <class D, class A>
   static auto exact_grad(const D& dy, const A& a) {
-    return dy * (T(0.5) * (T(1) + (a * kInvSqrt2).erf()) + a * kInvSqrt2Pi * (T(-0.5) * a.square()).exp());
+    return dy * (T(0.5) * (T(1) + erf_of(a * kInvSqrt2)) + a * kInvSqrt2Pi * exp_of(T(-0.5) * (a * a)));
   }
   template <class A>
   static auto tanh(const A& a) {
@@ -46,8 +54,8 @@ struct Gelu {
   }
   template <class D, class A>
   static auto tanh_grad(const D& dy, const A& a) {
-    const auto t = (kSqrt2OverPi * (a + kCubic * a.cube())).tanh();
-    return dy * (T(0.5) * (T(1) + t) + T(0.5) * a * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * a.square()));
+    const auto t = tanh_of(kSqrt2OverPi * (a + kCubic * (a * a * a)));
+    return dy * (T(0.5) * (T(1) + t) + T(0.5) * a * (T(1) - t * t) * kSqrt2OverPi * (T(1) + T(3) * kCubic * (a * a)));
   }
 };
 
@@ -64,10 +72,10 @@ BasicTensor<T> gelu(const BasicTensor<T>& x, GeluApproximation approximate = Gel
     if (approximate == GeluApproximation::tanh)
       return detail::unary_saving_input(
           op::gelu_tanh, x, [](const auto& a) { return F::tanh(a); },
-          [](const auto& dy, const auto& a) { return F::tanh_grad(dy, a); });
+          [](const auto& dy, const auto& a) { return F::tanh_grad(dy, a); }, detail::same_formula);
     return detail::unary_saving_input(
         op::gelu, x, [](const auto& a) { return F::exact(a); },
-        [](const auto& dy, const auto& a) { return F::exact_grad(dy, a); });
+        [](const auto& dy, const auto& a) { return F::exact_grad(dy, a); }, detail::same_formula);
   }
 }
 

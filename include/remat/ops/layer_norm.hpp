@@ -9,12 +9,24 @@
 //   dw = Σ_rows dy ⊙ x̂,   db = Σ_rows dy.
 // Saves: x, w and two scalars per row (μ and r): x̂ is rebuilt from them in backward, which costs
 // one pass over x but not the (rows, C) x̂ itself.
+//
+// Recorded (create_graph), the backward is the same formula in tensor ops, with μ and r computed
+// again from x by mean, sub, mul, sqrt and rdiv (the saved ones are values without a graph, and
+// a second derivative must reach x through them): equal to the fused backward to rounding, not bit
+// for bit (its row sums are Eigen's, in another order).
 #include <cmath>
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
+#include "remat/ops/add.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
+#include "remat/ops/div.hpp"
+#include "remat/ops/mean.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/sqrt.hpp"
+#include "remat/ops/sub.hpp"
 
 namespace remat {
 namespace op {
@@ -86,8 +98,22 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight,
       if (weight.defined()) saved.emplace_back(weight);
       detail::record<T>(
           op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
-          [c, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
+          [c, eps, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
             const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
+            if (ctx.create_graph()) {
+              const BasicTensor<T>& dy = ctx.grad_output();
+              const BasicTensor<T> xs = ctx.as_input(0, xv);
+              const BasicTensor<T> centred = xs - remat::mean(xs, -1, true);
+              const BasicTensor<T> r = rdiv(sqrt(remat::mean(centred * centred, -1, true) + eps), 1.0);
+              const BasicTensor<T> xhat = centred * r;
+              if (ctx.needs_grad(1)) ctx.accumulate(1, sum_to_size(dy * xhat, Shape{c}));
+              if (ctx.needs_grad(2)) ctx.accumulate(2, sum_to_size(dy, Shape{c}));
+              if (ctx.needs_grad(0)) {
+                const BasicTensor<T> g = has_weight ? dy * ctx.as_input(1, ctx.saved(3)) : dy;
+                ctx.accumulate(0, ((g - remat::mean(g, -1, true)) - xhat * remat::mean(g * xhat, -1, true)) * r);
+              }
+              return;
+            }
             const T* px = xv.cdata();
             const T* pm = mv.cdata();
             const T* pr = rv.cdata();

@@ -1,6 +1,9 @@
 #pragma once
+#include "remat/core/factory.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/reduce.hpp"
+#include "remat/ops/mul.hpp"
 
 namespace remat {
 namespace op {
@@ -50,8 +53,14 @@ MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false
     detail::record<T>(op::max_dim, {x}, {&values}, {indices}, [shape = x.shape(), d](detail::BackwardContext<T>& ctx) {
       const std::int64_t outer = shape.outer(d), n = shape[d], inner = shape.inner(d);
       const LongTensor idx = ctx.template saved<std::int64_t>(0);
-      const T* pd = ctx.grad_output().data();
       const std::int64_t* pi = idx.data();
+      if (ctx.create_graph()) {  // dy spread along the dim, times a constant mask of the maxima
+        BasicTensor<T> at_max = zeros<T>(shape);
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t i = 0; i < inner; ++i) at_max.data()[(o * n + pi[o * inner + i]) * inner + i] = T(1);
+        return ctx.accumulate(0, broadcast_to(detail::keep_dim(ctx.grad_output(), shape, d), shape) * at_max);
+      }
+      const T* pd = ctx.grad_output().data();
       BasicTensor<T> dx(shape);
       detail::flat(dx).setZero();
       T* px = dx.data();

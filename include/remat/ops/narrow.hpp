@@ -28,6 +28,39 @@ void copy_along(const BasicTensor<T>& src, std::int64_t src_start, BasicTensor<T
 
 }  // namespace detail
 
+template <class T>
+BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t start, std::int64_t length);
+
+namespace op {
+/// The id of narrow's backward as an op of its own (recorded under create_graph): dy placed in a
+/// zero tensor of the input's shape.
+inline const OpId narrow_backward = register_op("narrow_backward");
+}  // namespace op
+
+namespace detail {
+/// dy placed at [start, start + dy.size(dim)) along `dim` of a zero tensor of `shape`: narrow's
+/// backward as an op, for a backward recorded under create_graph. It is linear in dy and its own
+/// backward is narrow, whose backward is this again, so any order is recorded.
+template <class T>
+BasicTensor<T> narrow_backward(const BasicTensor<T>& dy, const Shape& shape, int d, std::int64_t start) {
+  const std::int64_t length = dy.shape()[d];
+  BasicTensor<T> dx = produce<T>(op::narrow_backward, shape, static_cast<double>(dy.numel()), {dy}, [=] {
+    BasicTensor<T> out(shape);
+    flat(out).setZero();
+    copy_along(dy, 0, out, start, d, length);
+    return out;
+  });
+  if (grad_needed(dy))
+    record<T>(op::narrow_backward, {dy}, {&dx}, {}, [d, start, length](BackwardContext<T>& ctx) {
+      if (ctx.create_graph()) return ctx.accumulate(0, remat::narrow(ctx.grad_output(), d, start, length));
+      BasicTensor<T> g(ctx.grad_output().shape().with(d, length));
+      copy_along(ctx.grad_output(), start, g, 0, d, length);
+      ctx.accumulate(0, std::move(g));
+    });
+  return dx;
+}
+}  // namespace detail
+
 /// y = x[..., start : start + length, ...] along `dim`, copied.
 /// dx = zeros with dy placed at [start, start + length).  Saves: nothing.
 /// Dtype: any element type; bfloat16 directly (it only moves elements: the float32 route's bits).
@@ -47,6 +80,8 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
   });
   if (detail::grad_needed(x))
     detail::record<T>(op::narrow, {x}, {&y}, {}, [shape = x.shape(), d, start, length](detail::BackwardContext<T>& ctx) {
+      // Recorded (create_graph), the same copy as an op of its own.
+      if (ctx.create_graph()) return ctx.accumulate(0, detail::narrow_backward(ctx.grad_output(), shape, d, start));
       BasicTensor<T> dx(shape);
       detail::flat(dx).setZero();
       detail::copy_along(ctx.grad_output(), 0, dx, start, d, length);

@@ -64,6 +64,8 @@ BasicTensor<T> permute(const BasicTensor<T>& x, const std::vector<std::int64_t>&
                                         {x}, [=] { return detail::permuted_copy(x, perm); });
   if (detail::grad_needed(x))
     detail::record<T>(op::permute, {x}, {&y}, {}, [inverse](detail::BackwardContext<T>& ctx) {
+      if (ctx.create_graph())  // the same copy, recorded
+        return ctx.accumulate(0, permute(ctx.grad_output(), std::vector<std::int64_t>(inverse.begin(), inverse.end())));
       ctx.accumulate(0, detail::permuted_copy(ctx.grad_output(), inverse));
     });
   return y;

@@ -14,6 +14,11 @@
 #include "remat/core/threads.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/exp.hpp"
+#include "remat/ops/detail/unary.hpp"
+#include "remat/ops/exp.hpp"
+#include "remat/ops/mul.hpp"
+#include "remat/ops/sub.hpp"
+#include "remat/ops/sum.hpp"
 
 namespace remat {
 namespace op {
@@ -29,6 +34,39 @@ inline void check_last_dim(const Shape& s, std::int64_t dim, const char* op) {
   const int d = s.dim(dim, op);
   REMAT_CHECK(d == s.rank() - 1, "{}: only the last dim is supported (dim -1 or {}), got dim {} for shape {}",
               op, s.rank() - 1, dim, s);
+}
+
+/// Records softmax's node for x -> y (y's values given): what softmax() records, and what a
+/// recorded backward uses to give saved probabilities (cross_entropy's) a graph back to the logits.
+template <class T>
+void record_softmax(const BasicTensor<T>& x, BasicTensor<T>& y) {
+  if (!grad_needed(x)) return;
+  const std::int64_t c = x.size(-1);
+  record<T>(op::softmax, {x}, {&y}, {y}, [c](BackwardContext<T>& ctx) {
+    const BasicTensor<T> yv = ctx.saved(0);
+    if (ctx.create_graph()) {  // the same formula on tensors
+      const BasicTensor<T> ys = ctx.as_output(0, yv), dy = ctx.grad_output();
+      return ctx.accumulate(0, ys * (dy - remat::sum(dy * ys, -1, true)));
+    }
+    const T* py = yv.data();
+    const T* pd = ctx.grad_output().data();
+    BasicTensor<T> dx(yv.shape());
+    T* px = dx.data();
+    parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                 [&](std::int64_t r0, std::int64_t r1) {
+                   for (std::int64_t r = r0; r < r1; ++r) {
+                     const ConstArrayMap<T> ys(py + r * c, c), dy(pd + r * c, c);
+                     // The dot is summed from a stored product, as sum(dy * y, -1) sums it
+                     // (Eigen's reduction order follows the data's alignment): the recorded
+                     // form above gives the same bits.
+                     ArrayMap<T> out(px + r * c, c);
+                     out = dy * ys;
+                     const T dot = out.sum();
+                     out = ys * (dy - dot);
+                   }
+                 });
+    ctx.accumulate(0, std::move(dx));
+  });
 }
 
 }  // namespace detail
@@ -59,22 +97,7 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
                    });
       return result;
     });
-    if (detail::grad_needed(x))
-      detail::record<T>(op::softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
-        const BasicTensor<T> yv = ctx.saved(0);
-        const T* py = yv.data();
-        const T* pd = ctx.grad_output().data();
-        BasicTensor<T> dx(yv.shape());
-        T* px = dx.data();
-        parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
-                     [&](std::int64_t r0, std::int64_t r1) {
-                       for (std::int64_t r = r0; r < r1; ++r) {
-                         const detail::ConstArrayMap<T> ys(py + r * c, c), dy(pd + r * c, c);
-                         detail::ArrayMap<T>(px + r * c, c) = ys * (dy - (dy * ys).sum());
-                       }
-                     });
-        ctx.accumulate(0, std::move(dx));
-      });
+    detail::record_softmax(x, y);
     return y;
   }
 }
@@ -99,9 +122,23 @@ BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
     if (detail::grad_needed(x))
       detail::record<T>(op::log_softmax, {x}, {&y}, {y}, [c](detail::BackwardContext<T>& ctx) {
         const BasicTensor<T> yv = ctx.saved(0);
-        auto dy = detail::rows(ctx.grad_output(), c);
+        const BasicTensor<T>& dy = ctx.grad_output();
+        if (ctx.create_graph())  // the same formula on tensors
+          return ctx.accumulate(0, dy - exp(ctx.as_output(0, yv)) * sum(dy, -1, true));
+        // In the steps the recorded form takes, so its bits are these: e^y as the exp op makes it
+        // (map_elements: every element on Eigen's vector path), each row's Σ dy as sum(dy, -1) sums it.
         BasicTensor<T> dx(yv.shape());
-        detail::rows(dx, c) = dy - detail::exp_or_zero(detail::rows(yv, c)).colwise() * dy.rowwise().sum();
+        detail::map_elements(dx, [](const auto& y) { return detail::exp_or_zero(y); }, yv);
+        const T* pd = dy.data();
+        T* px = dx.data();
+        parallel_for(yv.numel() / std::max<std::int64_t>(c, 1), std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                     [&](std::int64_t r0, std::int64_t r1) {
+                       for (std::int64_t r = r0; r < r1; ++r) {
+                         const detail::ConstArrayMap<T> dy_row(pd + r * c, c);
+                         detail::ArrayMap<T> out(px + r * c, c);
+                         out = dy_row - out * dy_row.sum();
+                       }
+                     });
         ctx.accumulate(0, std::move(dx));
       });
     return y;

@@ -21,4 +21,16 @@ BasicTensor<T> tanh(const BasicTensor<T>& x) {
       [](const auto& dy, const auto& y) { return dy * (T(1) - y * y); }, detail::same_formula);
 }
 
+namespace detail {
+/// tanh on Eigen arrays and on tensors (the op), for formulas written once for both.
+template <class X>
+auto tanh_of(const Eigen::ArrayBase<X>& x) {
+  return x.tanh();
+}
+template <class T>
+BasicTensor<T> tanh_of(const BasicTensor<T>& x) {
+  return remat::tanh(x);
+}
+}  // namespace detail
+
 }  // namespace remat

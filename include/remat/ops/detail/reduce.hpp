@@ -48,6 +48,10 @@ BasicTensor<T> sum_over_dim(const BasicTensor<T>& x, int dim, bool keepdim, T sc
   BasicTensor<T> out(reduced_shape(x.shape(), dim, keepdim));
   const T* px = x.data();
   T* po = out.data();
+  if (inner == 1) {  // the last dim: each sum is a contiguous run, reduced as softmax's row dots are
+    for (std::int64_t o = 0; o < outer; ++o) po[o] = ConstArrayMap<T>(px + o * n, n).sum() * scale;
+    return out;
+  }
   for (std::int64_t o = 0; o < outer; ++o)
     ArrayMap<T>(po + o * inner, inner) =
         ConstRowArrayMap<T>(px + o * n * inner, n, inner).colwise().sum().transpose() * scale;
