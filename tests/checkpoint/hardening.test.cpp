@@ -1,3 +1,5 @@
+#include <set>
+
 #include "checkpoint/support_checkpoint.hpp"
 
 using namespace remat;
@@ -320,8 +322,8 @@ TEST_CASE("checkpoint: segments nested with no op between them give bitwise the 
           Tensor x = x_data.detach().requires_grad_();
           auto block_a = [&w1](const Tensor& h) { return h + tanh(linear(h, w1)); };
           auto block_b = [&w2](const Tensor& h) { return h * sigmoid(linear(h, w2)); };
-          // f moved in: checkpoint() holds a temporary by value, and these segments replay in backward
-          auto seg = [ck](auto f, const Tensor& h) { return ck ? checkpoint(std::move(f), h) : f(h); };
+          // f dies when seg returns, long before backward replays it: checkpoint() holds a copy
+          auto seg = [ck](auto f, const Tensor& h) { return ck ? checkpoint(f, h) : f(h); };
           const std::vector<ChainStep> steps{block_a, block_b, block_a};  // the chain holds them by reference
           Tensor y;
           if (pattern == 0) {  // two siblings, nothing else
@@ -347,4 +349,58 @@ TEST_CASE("checkpoint: segments nested with no op between them give bitwise the 
       CHECK_SAME_RUNS(run(false), run(true));
     }
   }
+}
+
+namespace {
+
+/// x ↦ tanh(k·x), a callable that knows whether it is alive: called after its destruction it
+/// throws instead of reading what is left of it.
+struct LiveScale {
+  static std::set<const LiveScale*>& live() {
+    static std::set<const LiveScale*> objects;
+    return objects;
+  }
+  explicit LiveScale(float k) : k(k) { live().insert(this); }
+  LiveScale(const LiveScale& other) : k(other.k) { live().insert(this); }
+  LiveScale& operator=(const LiveScale&) = delete;
+  ~LiveScale() { live().erase(this); }
+  Tensor operator()(const Tensor& x) const {
+    REMAT_CHECK(live().count(this) == 1, "LiveScale: called after its destruction");
+    return tanh(x * k);
+  }
+  float k;
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint: a callable named in a loop body is gone before backward; the replay runs a copy taken "
+          "before the forward",
+          "[checkpoint][hardening][callable]") {
+  Generator init(12);
+  const Tensor w_data = randn({6, 6}, init) * 0.4f, x_data = randn({3, 6}, init);
+  int calls = 0;
+  auto run = [&](bool ck) {
+    return [&, ck] {
+      Tensor w = w_data.detach().requires_grad_(), x = x_data.detach().requires_grad_();
+      Tensor h = x;
+      for (int i = 0; i < 3; ++i) {
+        const LiveScale scale(0.5f + 0.25f * static_cast<float>(i));
+        // A mutable lambda with state and a captured vector: the forward changes the caller's
+        // object (counted), the replay starts its copy from the state the forward started from.
+        auto block = [&w, &calls, offsets = std::vector<float>{0.1f, -0.2f, 0.3f}, i, n = 0](const Tensor& t) mutable {
+          calls += n++ == 0 ? 1 : 100;  // a second call of the same object would show
+          return t + matmul(t, w) * offsets[static_cast<std::size_t>(i)];
+        };
+        h = ck ? checkpoint(scale, h) : scale(h);
+        h = ck ? checkpoint(block, h) : block(h);
+      }
+      sum(h * h).backward();
+      return testing::RunRecord().grad("w", w).grad("x", x);
+    };
+  };
+  CHECK_SAME_RUNS(run(false), run(true));
+  calls = 0;
+  run(true)();
+  CHECK(calls == 6);  // three forwards on the caller's objects, three replays each on a fresh copy
+  CHECK(LiveScale::live().empty());
 }

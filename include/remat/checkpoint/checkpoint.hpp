@@ -92,9 +92,11 @@ struct Segment {
 
   std::string who() const { return fmt::format("checkpoint '{}'", options.name); }
 
-  /// Runs fn with recording off (requires_grad still flows), noting the generators it draws from,
-  /// what it reads from outside, and the outputs selective saving keeps (into `kept`).
-  R run_forward(const Args&... call_args, std::vector<SavedTensor>& kept) {
+  /// Runs `first` (fn, or the caller's own object fn was copied from) with recording off
+  /// (requires_grad still flows), noting the generators it draws from, what it reads from outside,
+  /// and the outputs selective saving keeps (into `kept`).
+  template <class G>
+  R run_forward(G& first, const Args&... call_args, std::vector<SavedTensor>& kept) {
     rng = default_generator().state();
     autocast = autocast_state();
     auto not_recording = scoped_recording(false);
@@ -103,7 +105,7 @@ struct Segment {
     parts.stash(options.save, kept_ops, kept);
     parts.reads(reads);
     if (debug) parts.trace(trace);
-    return R(std::invoke(fn, call_args...));
+    return R(std::invoke(first, call_args...));
   }
 
   /// The boundary: every tensor among the arguments is saved (into `saved`); float ones that need a
@@ -254,12 +256,16 @@ struct Segment {
 
 /// Runs fn(args...) as a checkpointed segment and returns what it returns. Tensors among the
 /// arguments (also inside containers and structs) are the segment's boundary; other arguments are
-/// copied for replay. An lvalue fn (a module, say) is held by reference and must outlive backward.
+/// copied for replay. fn is copied too when it can be (a lambda named in a loop body is gone by
+/// the time backward replays it): the forward runs the caller's object, the replay a copy taken
+/// before it, so both start from the same state. An fn that cannot be copied (a module) is held by
+/// reference and must outlive backward; pass std::ref(fn) to hold a copyable one by reference.
 template <class F, class... Args>
 auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   using R = std::decay_t<std::invoke_result_t<F&, const Args&...>>;
-  using Fn = std::conditional_t<std::is_lvalue_reference_v<F>, std::reference_wrapper<std::remove_reference_t<F>>,
-                                std::decay_t<F>>;
+  using Callable = std::remove_cv_t<std::remove_reference_t<F>>;
+  constexpr bool by_reference = std::is_lvalue_reference_v<F> && !std::is_copy_constructible_v<Callable>;
+  using Fn = std::conditional_t<by_reference, std::reference_wrapper<std::remove_reference_t<F>>, Callable>;
   using Seg = detail::Segment<R, Fn, Args...>;
   if (!is_grad_enabled()) return R(std::invoke(fn, args...));  // nothing to save for
   const bool recording = detail::session().recording;  // false inside an enclosing segment's forward
@@ -268,7 +274,10 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   Seg& seg = *segment;
   std::vector<detail::SavedTensor> kept, saved;
   std::vector<Tensor> inputs;
-  R result = seg.run_forward(args..., kept);
+  R result = [&] {
+    if constexpr (std::is_lvalue_reference_v<F>) return seg.run_forward(fn, args..., kept);
+    else return seg.run_forward(seg.fn, args..., kept);
+  }();
   seg.take_boundary(args..., saved, inputs);
   seg.kept_first = saved.size();
   seg.kept = kept.size();

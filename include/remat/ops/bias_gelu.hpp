@@ -3,6 +3,8 @@
 // (the Transformer MLP's first layer), as Megatron's bias_gelu fusion. Unfused, the biased
 // pre-activation is written, read back by gelu, and its gradient read again for the bias sum.
 
+#include <vector>
+
 #include "remat/ops/add.hpp"
 #include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/dtype.hpp"
@@ -12,7 +14,7 @@
 namespace remat {
 namespace op {
 /// The id of bias_gelu(x, bias): gelu(x + bias), fused.
-inline const OpId bias_gelu = register_op("bias_gelu");
+inline const OpId bias_gelu = register_op("bias_gelu", tangent_rule);
 }  // namespace op
 
 
@@ -64,13 +66,27 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
         const detail::ConstArrayMap<T> b(bs.cdata(), c);
         BasicTensor<T> dx(xs.shape());
         T* pdx = dx.data();
-        // g for row i, written into dx (the input gradient is g itself).
+        // g for row i, written into dx (the input gradient is g itself). The exact form in
+        // stages, each a short expression Eigen inlines (one reading an unstored a several times
+        // recomputed it at each read and called exp out of line): a = x + bias into a scratch row,
+        // the density term a φ(a) into the dx row, then g over it. Every stage's destination is
+        // the dx row, whose alignment decides which elements take Eigen's scalar exp and erf (a
+        // scratch row's would vary with its address, and so would the bits). Element-wise, g may
+        // overwrite what it reads.
         auto row_grad = [&](std::int64_t i) {
-          const auto a = detail::ConstArrayMap<T>(px + i * c, c) + b;
-          const detail::ConstArrayMap<T> dy(pdy + i * c, c);
           detail::ArrayMap<T> g(pdx + i * c, c);
-          if (tanh) g = F::tanh_grad(dy, a);
-          else g = F::exact_grad(dy, a);
+          const detail::ConstArrayMap<T> dy(pdy + i * c, c);
+          if (tanh) {
+            g = detail::ConstArrayMap<T>(px + i * c, c) + b;
+            g = F::tanh_grad(dy, detail::ConstArrayMap<T>(pdx + i * c, c));
+            return;
+          }
+          thread_local std::vector<T> a_row;  // one row per thread, kept between calls
+          a_row.resize(static_cast<std::size_t>(c));
+          detail::ArrayMap<T> a(a_row.data(), c);
+          a = detail::ConstArrayMap<T>(px + i * c, c) + b;
+          g = F::exact_density(a);
+          g = F::exact_grad_given(dy, a, detail::ConstArrayMap<T>(pdx + i * c, c));
         };
         if (ctx.needs_grad(1)) {
           // Each row's g is summed into the bias gradient while it is still in cache.
@@ -88,6 +104,12 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
         }
         if (ctx.needs_grad(0)) ctx.accumulate(0, std::move(dx));
       });
+    // The tangent: GELU's derivative at a = x + bias times a's tangent, tx + tb on every row.
+    detail::push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<T>& tb) {
+      const BasicTensor<T> ta = detail::tangent_sum(tx, tb.defined() ? broadcast_to(tb, x.shape()) : BasicTensor<T>());
+      const BasicTensor<T> a = x + bias;
+      return BasicTensor<T>(tanh ? F::tanh_grad(ta, a) : F::exact_grad(ta, a));
+    }, x, bias);
     return y;
   }
 }

@@ -50,13 +50,9 @@ BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
       const bool graph = ctx.create_graph();  // each piece by narrow (recorded, it is an op)
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         if (!ctx.needs_grad(i)) continue;
-        if (graph) {
-          ctx.accumulate(i, narrow(ctx.grad_output(), d, offsets[i], shapes[i][d]));
-          continue;
-        }
-        BasicTensor<T> dx(shapes[i]);
-        detail::copy_along(ctx.grad_output(), offsets[i], dx, 0, d, shapes[i][d]);
-        ctx.accumulate(i, std::move(dx));
+        const std::int64_t length = shapes[i][d];
+        ctx.accumulate(i, graph ? narrow(ctx.grad_output(), d, offsets[i], length)
+                                : detail::take_along(ctx.grad_output(), d, offsets[i], length));
       }
     });
   }

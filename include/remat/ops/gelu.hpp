@@ -44,9 +44,24 @@ struct Gelu {
   static auto exact(const A& a) {
     return a * T(0.5) * (T(1) + (a * kInvSqrt2).erf());
   }
+  /// Φ(a), the first term of the exact derivative.
+  template <class A>
+  static auto exact_cdf(const A& a) {
+    return T(0.5) * (T(1) + erf_of(a * kInvSqrt2));
+  }
+  /// a φ(a), the second; a kernel may store it first (the same bits: every step rounds to T).
+  template <class A>
+  static auto exact_density(const A& a) {
+    return a * kInvSqrt2Pi * exp_of(T(-0.5) * (a * a));
+  }
+  /// dy (Φ(a) + a φ(a)) from the second term as computed, for a kernel that stored it.
+  template <class D, class A, class Q>
+  static auto exact_grad_given(const D& dy, const A& a, const Q& density) {
+    return dy * (exact_cdf(a) + density);
+  }
   template <class D, class A>
   static auto exact_grad(const D& dy, const A& a) {
-    return dy * (T(0.5) * (T(1) + erf_of(a * kInvSqrt2)) + a * kInvSqrt2Pi * exp_of(T(-0.5) * (a * a)));
+    return exact_grad_given(dy, a, exact_density(a));
   }
   template <class A>
   static auto tanh(const A& a) {

@@ -26,6 +26,25 @@ void copy_along(const BasicTensor<T>& src, std::int64_t src_start, BasicTensor<T
     std::memcpy(pd + (o * nd + dst_start) * inner, ps + (o * ns + src_start) * inner, bytes);
 }
 
+/// x's positions [start, start + length) along `dim`, copied out: narrow's forward, and the first
+/// order backward of narrow_backward.
+template <class T>
+BasicTensor<T> take_along(const BasicTensor<T>& x, int dim, std::int64_t start, std::int64_t length) {
+  BasicTensor<T> part(x.shape().with(dim, length));
+  copy_along(x, start, part, 0, dim, length);
+  return part;
+}
+
+/// part placed at [start, start + part.size(dim)) along `dim` of a zero tensor of `shape`:
+/// narrow_backward's forward, and the first order backward of narrow.
+template <class T>
+BasicTensor<T> place_along(const BasicTensor<T>& part, const Shape& shape, int dim, std::int64_t start) {
+  BasicTensor<T> out(shape);
+  flat(out).setZero();
+  copy_along(part, 0, out, start, dim, part.shape()[dim]);
+  return out;
+}
+
 }  // namespace detail
 
 template <class T>
@@ -44,18 +63,12 @@ namespace detail {
 template <class T>
 BasicTensor<T> narrow_backward(const BasicTensor<T>& dy, const Shape& shape, int d, std::int64_t start) {
   const std::int64_t length = dy.shape()[d];
-  BasicTensor<T> dx = produce<T>(op::narrow_backward, shape, static_cast<double>(dy.numel()), {dy}, [=] {
-    BasicTensor<T> out(shape);
-    flat(out).setZero();
-    copy_along(dy, 0, out, start, d, length);
-    return out;
-  });
+  BasicTensor<T> dx = produce<T>(op::narrow_backward, shape, static_cast<double>(dy.numel()), {dy},
+                                 [=] { return place_along(dy, shape, d, start); });
   if (grad_needed(dy))
     record<T>(op::narrow_backward, {dy}, {&dx}, {}, [d, start, length](BackwardContext<T>& ctx) {
       if (ctx.create_graph()) return ctx.accumulate(0, remat::narrow(ctx.grad_output(), d, start, length));
-      BasicTensor<T> g(ctx.grad_output().shape().with(d, length));
-      copy_along(ctx.grad_output(), start, g, 0, d, length);
-      ctx.accumulate(0, std::move(g));
+      ctx.accumulate(0, take_along(ctx.grad_output(), d, start, length));
     });
   return dx;
 }
@@ -73,19 +86,13 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
               "narrow: range [{}, {}) is outside dim {} of shape {} (size {})", start, start + length, dim,
               x.shape(), n);
   const Shape shape = x.shape().with(d, length);
-  BasicTensor<T> y = detail::produce<T>(op::narrow, shape, static_cast<double>(shape.numel()), {x}, [=] {
-    BasicTensor<T> part(shape);
-    detail::copy_along(x, start, part, 0, d, length);
-    return part;
-  });
+  BasicTensor<T> y = detail::produce<T>(op::narrow, shape, static_cast<double>(shape.numel()), {x},
+                                        [=] { return detail::take_along(x, d, start, length); });
   if (detail::grad_needed(x))
-    detail::record<T>(op::narrow, {x}, {&y}, {}, [shape = x.shape(), d, start, length](detail::BackwardContext<T>& ctx) {
+    detail::record<T>(op::narrow, {x}, {&y}, {}, [shape = x.shape(), d, start](detail::BackwardContext<T>& ctx) {
       // Recorded (create_graph), the same copy as an op of its own.
       if (ctx.create_graph()) return ctx.accumulate(0, detail::narrow_backward(ctx.grad_output(), shape, d, start));
-      BasicTensor<T> dx(shape);
-      detail::flat(dx).setZero();
-      detail::copy_along(ctx.grad_output(), 0, dx, start, d, length);
-      ctx.accumulate(0, std::move(dx));
+      ctx.accumulate(0, detail::place_along(ctx.grad_output(), shape, d, start));
     });
   return y;
 }
