@@ -6,6 +6,7 @@
 #include "remat/core/error.hpp"
 #include "remat/core/factory.hpp"
 #include "remat/core/format.hpp"
+#include "remat/core/forward_ad.hpp"
 #include "remat/core/grad.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/node.hpp"

@@ -161,6 +161,10 @@ struct ChainRun {
   ChainRun(std::string run_name, const Tensor& x, ReplayModes modes = ReplayModes::compose())
       : name(std::move(run_name)), check_values(modes.check_values), early_stop(modes.early_stop),
         debug(modes.debug), compact(early_stop), current(x.detach()), input_shape(x.shape()) {
+    // Its steps run on detached values: a tangent entering (by x or by a step's parameters) would
+    // be dropped, so forward mode is refused here rather than answered with a zero.
+    REMAT_CHECK(!tangents_active(), "{}: forward-mode differentiation (jvp, a dual tensor) through a chain schedule "
+                "is not available yet; checkpoint() carries tangents", name);
     if (x.requires_grad()) input_meta = x.meta();
   }
 

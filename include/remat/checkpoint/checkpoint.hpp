@@ -31,6 +31,7 @@
 #include "remat/checkpoint/selective.hpp"
 #include "remat/checkpoint/trace.hpp"
 #include "remat/core/autograd.hpp"
+#include "remat/core/forward_ad.hpp"
 #include "remat/core/random.hpp"
 #include "remat/core/scoped.hpp"
 #include "remat/core/tensor_tree.hpp"
@@ -146,7 +147,11 @@ struct Segment {
       }
       outputs.push_back(std::move(o));
     });
-    for (Tensor* o : out) *o = o->detach();  // fresh handles: never an input's autograd metadata
+    for (Tensor* o : out) {  // fresh handles: never an input's autograd metadata; a tangent stays
+      const Tensor t = tangent(*o);
+      *o = o->detach();
+      if (t.defined()) detail::set_tangent(*o, t);
+    }
     return out;
   }
 

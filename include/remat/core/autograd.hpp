@@ -20,6 +20,7 @@
 #include "remat/core/op_output.hpp"
 #include "remat/core/saved_tensor_hooks.hpp"
 #include "remat/core/session.hpp"
+#include "remat/core/tangent.hpp"
 #include "remat/core/tape.hpp"
 #include "remat/core/tensor.hpp"
 
@@ -113,6 +114,8 @@ void record(std::string op, const std::vector<BasicTensor<In>>& inputs,
   for (BasicTensor<Out>* y : outputs) {
     auto meta = std::make_shared<AutogradMeta<Out>>();
     meta->requires_grad = true;
+    // A tangent set before (a checkpointed segment's output, made by the op inside) stays.
+    if (has_tangent(*y)) set_tangent(meta, y->meta()->tangent);
     y->set_meta(std::move(meta));
   }
   report_saved_for_backward(saved);

@@ -138,7 +138,7 @@ inline LongTensor randint(std::int64_t low, std::int64_t high, const Shape& shap
 
 namespace op {
 /// The id of to<U>(t): the element type converted (PyTorch's .to(dtype)).
-inline const OpId to = register_op("to");
+inline const OpId to = register_op("to", tangent_rule);
 }  // namespace op
 
 /// Converts the element type (float <-> double, float <-> bfloat16, to and from integers), always
@@ -159,6 +159,7 @@ BasicTensor<U> to(const BasicTensor<T>& t) {
         if (ctx.create_graph()) return ctx.accumulate(0, to<T>(ctx.grad_output()));  // the same cast, recorded
         ctx.accumulate(0, detail::cast_copy<T>(ctx.grad_output()));
       });
+    detail::push_tangent(y, [](const BasicTensor<T>& dt) { return to<U>(dt); }, t);  // the tangent cast alike
   }
   return y;
 }

@@ -75,6 +75,39 @@ inline OpId register_op(const char* name) {
   return OpId(name);
 }
 
+/// The tag of an op registered with a tangent rule (forward mode, core/forward_ad.hpp): the op
+/// computes its output's tangent when it reads one.
+struct TangentRule {};
+inline constexpr TangentRule tangent_rule{};
+
+namespace detail {
+inline std::vector<const char*>& tangent_rule_registry() {
+  static std::vector<const char*> names;
+  return names;
+}
+}  // namespace detail
+
+/// Registers an op that has a tangent rule: `register_op("exp", tangent_rule)`.
+inline OpId register_op(const char* name, TangentRule) {
+  const OpId id = register_op(name);
+  auto& names = detail::tangent_rule_registry();
+  if (std::find(names.begin(), names.end(), id.name()) == names.end()) names.push_back(id.name());
+  return id;
+}
+
+/// Whether `op` was registered with a tangent rule.
+inline bool has_tangent_rule(OpId op) {
+  const auto& names = detail::tangent_rule_registry();
+  return std::find(names.begin(), names.end(), op.name()) != names.end();
+}
+
+/// The names of the ops with tangent rules among those registered so far, sorted.
+inline std::vector<std::string> ops_with_tangent_rules() {
+  std::vector<std::string> out(detail::tangent_rule_registry().begin(), detail::tangent_rule_registry().end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 /// The names of every op registered so far (the ops whose headers this program includes), sorted.
 inline std::vector<std::string> known_ops() {
   std::vector<std::string> out(detail::op_registry().begin(), detail::op_registry().end());

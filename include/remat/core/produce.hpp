@@ -17,6 +17,7 @@
 
 #include "remat/core/autograd.hpp"
 #include "remat/core/error.hpp"
+#include "remat/core/forward_ad.hpp"
 #include "remat/core/op_output.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/timeline.hpp"
@@ -57,11 +58,16 @@ class OpReads {
   OpReads(const BasicTensor<Us>&... ts) {  // NOLINT: implicit, so ops write {x, w}
     static_assert(sizeof...(Us) <= kInline, "OpReads: pass more tensors as a std::vector");
     (add(ts.storage()), ...);
+    if (tangents_active()) tangent_ = (has_tangent(ts) || ...);
   }
   template <class U>
   OpReads(const std::vector<BasicTensor<U>>& ts) {  // NOLINT
     for (const BasicTensor<U>& t : ts) more_.push_back(&t.storage());
+    if (tangents_active())
+      for (const BasicTensor<U>& t : ts) tangent_ = tangent_ || has_tangent(t);
   }
+  /// Whether a read tensor carries a tangent (forward mode): the op must have a tangent rule.
+  bool tangent() const { return tangent_; }
   /// Calls f(storage) for each read tensor's (defined) storage.
   template <class F>
   void for_each(F f) const {
@@ -78,6 +84,7 @@ class OpReads {
   // Pointers into the caller's tensors: no copies, no allocation on an op's path when nobody listens.
   std::array<const std::shared_ptr<Storage>*, kInline> inline_{};
   std::size_t n_ = 0;
+  bool tangent_ = false;
   std::vector<const std::shared_ptr<Storage>*> more_;
 };
 
@@ -121,6 +128,7 @@ class OfferedRecompute final : public RecomputeOffer {
 template <class... Ts, class Compute>
 std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, sizeof...(Ts)>& shapes, OpWork work,
                                            const OpReads& reads, Compute&& compute) {
+  if (reads.tangent()) require_tangent_rule(op);
   RunScope* scope = RunScope::current();
   if (!scope && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
@@ -176,6 +184,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
 /// produce_all for an op with one output.
 template <class T, class Compute>
 BasicTensor<T> produce(OpId op, const Shape& shape, OpWork work, const OpReads& reads, Compute&& compute) {
+  if (reads.tangent()) require_tangent_rule(op);
   if (!RunScope::current() && !observers_listening()) {
     TimelineSpan span(op.name(), "forward");
     return compute();

@@ -46,6 +46,7 @@ class RunScope;
 class RecordDraws;
 class ThreadSavedBooks;
 struct SavedTensorHooksPair;
+struct DualLevelState;
 
 /// The chain step running on this thread and the step its schedule runs after it
 /// (checkpoint/chain.hpp sets it around each step and each reversal): what a wrapper around the
@@ -76,6 +77,8 @@ struct Session {
   bool create_graph = false;        ///< a backward walk that records its own ops (create_graph)
   bool autocast = false;            ///< remat::autocast: float32 matrix products on the bfloat16 GEMM
   std::shared_ptr<AutocastCache> autocast_cache;  ///< the outermost autocast scope's parameter casts
+  DualLevelState* dual_level = nullptr;  ///< the open dual level (forward mode), its tangents to clear
+  int tangents_off = 0;                  ///< > 0 while a tangent rule computes (its ops carry none)
 
   // Randomness.
   std::shared_ptr<Generator> default_generator;  ///< made at first use (default_generator())

@@ -65,6 +65,7 @@ struct AutogradMeta : std::enable_shared_from_this<AutogradMeta<T>> {
   /// A non-leaf's .grad under retain_grad(): what its node received, summed over backwards. Apart
   /// from `grad`, so that a second backward does not send the first one's gradient on again.
   BasicTensor<T> retained;
+  BasicTensor<T> tangent;  ///< forward mode: the direction it moves in, inside a dual level
   bool is_leaf() const { return node_id == 0; }
 };
 

@@ -8,9 +8,9 @@
 namespace remat {
 namespace op {
 /// The id of add(x, s), x + s and s + x: a scalar added to every element.
-inline const OpId add_scalar = register_op("add_scalar");
+inline const OpId add_scalar = register_op("add_scalar", tangent_rule);
 /// The id of add(a, b) and a + b: the elementwise sum, broadcast.
-inline const OpId add = register_op("add");
+inline const OpId add = register_op("add", tangent_rule);
 }  // namespace op
 
 

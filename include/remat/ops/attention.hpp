@@ -65,9 +65,9 @@
 namespace remat {
 namespace op {
 /// The id of causal_attention(q, k, v): fused causal scaled-dot-product attention.
-inline const OpId causal_attention = register_op("causal_attention");
+inline const OpId causal_attention = register_op("causal_attention", tangent_rule);
 /// The id of causal_self_attention(qkv, n_head): causal attention on a packed q | k | v projection.
-inline const OpId causal_self_attention = register_op("causal_self_attention");
+inline const OpId causal_self_attention = register_op("causal_self_attention", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -236,6 +236,29 @@ std::array<BasicTensor<T>, 3> attention_backward_recorded(const BasicTensor<T>& 
   return {matmul(ds, k), matmul(ds, q, true, false), dv};  // dS K, dSᵀ Q
 }
 
+/// The tangent of causal attention (forward mode), q, k, v (B, H, T, D) and their tangents
+/// (undefined where none): with P = softmax(S), S = mask(q kᵀ) scale, Pd = dropout(P),
+///   tS = (tq kᵀ + q tkᵀ) scale,  tP = P ⊙ (tS − rowsum(tS ⊙ P)),  ty = dropout(tP) v + Pd tv,
+/// the same draw; masked places have P = 0, so their tS drops out.
+template <class T>
+BasicTensor<T> attention_tangent(const BasicTensor<T>& q, const BasicTensor<T>& k, const BasicTensor<T>& v,
+                                 const BasicTensor<T>& tq, const BasicTensor<T>& tk, const BasicTensor<T>& tv, T scale,
+                                 const DropoutDraw<T>& drop) {
+  const BasicTensor<T> p = softmax(masked_fill(matmul(q, k, false, true) * scale, causal_mask(q.size(2)),
+                                               -std::numeric_limits<T>::infinity()));
+  const bool dropping = drop.threshold > 0;
+  BasicTensor<T> t;
+  if (tq.defined() || tk.defined()) {
+    const BasicTensor<T> ts = tangent_sum(tq.defined() ? matmul(tq, k, false, true) : BasicTensor<T>(),
+                                          tk.defined() ? matmul(q, tk, false, true) : BasicTensor<T>()) * scale;
+    BasicTensor<T> tp = p * (ts - remat::sum(ts * p, -1, true));
+    if (dropping) tp = apply_dropout(tp, drop);
+    t = matmul(tp, v);
+  }
+  if (tv.defined()) t = tangent_sum(t, matmul(dropping ? apply_dropout(p, drop) : p, tv));
+  return t;
+}
+
 /// The refusal of a recorded backward through an attention whose forward ran under autocast (its
 /// saved q, k, v are bfloat16 copies with no graph).
 inline Error attention_autocast_refusal(const char* op) {
@@ -295,6 +318,9 @@ BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<
       ctx.accumulate(1, std::move(dk));
       ctx.accumulate(2, std::move(dv));
     });
+  push_tangent(y, [&](const BasicTensor<T>& tq, const BasicTensor<T>& tk, const BasicTensor<T>& tv) {
+    return attention_tangent(q, k, v, tq, tk, tv, scale, drop);
+  }, q, k, v);
   return y;
 }
 
@@ -344,6 +370,15 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
                          drop.threshold, drop.scale, drop.at_entry);
       ctx.accumulate(0, std::move(grad));
     });
+  // The tangent on the packed layout: q, k, v and their tangents split into heads, the heads merged back.
+  push_tangent(y, [&](const BasicTensor<T>& tqkv) {
+    const auto heads = [&](const BasicTensor<T>& x, std::int64_t part) {
+      return permute(reshape(narrow(x, 2, part * C, C), {B, t, H, d}), {0, 2, 1, 3});
+    };
+    const BasicTensor<T> ty = attention_tangent(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), heads(tqkv, 0),
+                                                heads(tqkv, 1), heads(tqkv, 2), scale, drop);
+    return reshape(permute(ty, {0, 2, 1, 3}), {B, t, C});
+  }, qkv);
   return y;
 }
 

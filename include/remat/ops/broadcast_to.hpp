@@ -7,9 +7,9 @@
 namespace remat {
 namespace op {
 /// The id of broadcast_to(x, shape): x repeated along the dims it is broadcast over.
-inline const OpId broadcast_to = register_op("broadcast_to");
+inline const OpId broadcast_to = register_op("broadcast_to", tangent_rule);
 /// The id of sum_to_size(x, shape): x summed over the dims `shape` is broadcast along.
-inline const OpId sum_to_size = register_op("sum_to_size");
+inline const OpId sum_to_size = register_op("sum_to_size", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -61,6 +61,7 @@ BasicTensor<T> broadcast_to(const BasicTensor<T>& x, const Shape& shape) {
         if (ctx.create_graph()) ctx.accumulate(0, sum_to_size(ctx.grad_output(), in));
         else ctx.accumulate(0, detail::sum_to(ctx.grad_output(), in));
       });
+    detail::push_tangent(y, [&](const BasicTensor<T>& t) { return broadcast_to(t, shape); }, x);
     return y;
   }
 }
@@ -84,6 +85,7 @@ BasicTensor<T> sum_to_size(const BasicTensor<T>& x, const Shape& shape) {
         if (ctx.create_graph()) ctx.accumulate(0, broadcast_to(ctx.grad_output(), in));
         else ctx.accumulate(0, detail::expand_to(ctx.grad_output(), in));
       });
+    detail::push_tangent(y, [&](const BasicTensor<T>& t) { return sum_to_size(t, shape); }, x);
     return y;
   }
 }

@@ -7,7 +7,7 @@
 namespace remat {
 namespace op {
 /// The id of cat(xs, dim): tensors joined along a dim.
-inline const OpId cat = register_op("cat");
+inline const OpId cat = register_op("cat", tangent_rule);
 }  // namespace op
 
 
@@ -56,6 +56,15 @@ BasicTensor<T> cat(const std::vector<BasicTensor<T>>& xs, std::int64_t dim) {
       }
     });
   }
+  // The tangent: the inputs' tangents joined the same way, zeros for an input without one.
+  detail::push_tangent_list(y, [&](std::vector<BasicTensor<T>> tangents) {
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      if (!tangents[i].defined()) {
+        tangents[i] = BasicTensor<T>(xs[i].shape());
+        detail::flat(tangents[i]).setZero();
+      }
+    return cat(tangents, d);
+  }, xs);
   return y;
 }
 

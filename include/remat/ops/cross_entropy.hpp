@@ -30,7 +30,7 @@
 namespace remat {
 namespace op {
 /// The id of cross_entropy(logits, targets): the mean negative log-likelihood under softmax, fused.
-inline const OpId cross_entropy = register_op("cross_entropy");
+inline const OpId cross_entropy = register_op("cross_entropy", tangent_rule);
 }  // namespace op
 
 
@@ -127,6 +127,18 @@ BasicTensor<T> cross_entropy(const BasicTensor<T>& logits, const LongTensor& tar
                                        });
                           ctx.accumulate(0, std::move(dz));
                         });
+    // The tangent: the mean over kept rows of ⟨p, t⟩ − t[target] (the gradient's rows against t).
+    detail::push_tangent(loss, [&, p = probs](const BasicTensor<T>& tz) {
+      const std::int64_t* tt = targets.data();
+      T total = 0;
+      for (std::int64_t i = 0; i < n; ++i)
+        if (tt[i] != ignore_index)
+          total += (detail::ConstArrayMap<T>(p.cdata() + i * c, c) * detail::ConstArrayMap<T>(tz.cdata() + i * c, c)).sum() -
+                   tz.cdata()[i * c + tt[i]];
+      BasicTensor<T> out(Shape{});
+      out.data()[0] = counted ? total / static_cast<T>(counted) : std::numeric_limits<T>::quiet_NaN();
+      return out;
+    }, logits);
     return loss;
   }
 }

@@ -10,11 +10,11 @@
 namespace remat {
 namespace op {
 /// The id of div(x, s) and x / s: every element divided by a scalar.
-inline const OpId div_scalar = register_op("div_scalar");
+inline const OpId div_scalar = register_op("div_scalar", tangent_rule);
 /// The id of rdiv(x, s) and s / x: a scalar divided by every element.
-inline const OpId rdiv_scalar = register_op("rdiv_scalar");
+inline const OpId rdiv_scalar = register_op("rdiv_scalar", tangent_rule);
 /// The id of div(a, b) and a / b: the elementwise quotient, broadcast.
-inline const OpId div = register_op("div");
+inline const OpId div = register_op("div", tangent_rule);
 }  // namespace op
 
 

@@ -10,7 +10,7 @@
 namespace remat {
 namespace op {
 /// The id of dropout(x, p): elements zeroed with probability p, the rest scaled by 1 / (1 - p).
-inline const OpId dropout = register_op("dropout");
+inline const OpId dropout = register_op("dropout", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -55,6 +55,7 @@ BasicTensor<T> apply_dropout(const BasicTensor<T>& x, const DropoutDraw<T>& draw
       apply_dropout_mask(ctx.grad_output().data(), dx.data(), n, draw.threshold, draw.scale, draw.at_entry);
       ctx.accumulate(0, std::move(dx));
     });
+  push_tangent(y, [&](const BasicTensor<T>& t) { return apply_dropout(t, draw); }, x);  // the same mask, no new draw
   return y;
 }
 

@@ -9,7 +9,7 @@
 namespace remat {
 namespace op {
 /// The id of dropout_add(h, residual, p): residual + dropout(h, p), fused.
-inline const OpId dropout_add = register_op("dropout_add");
+inline const OpId dropout_add = register_op("dropout_add", tangent_rule);
 }  // namespace op
 
 
@@ -68,6 +68,9 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
                           }
                           if (ctx.needs_grad(1)) ctx.accumulate(1, dy);
                         });
+    detail::push_tangent(y, [&](const BasicTensor<T>& th, const BasicTensor<T>& tr) {
+      return detail::tangent_sum(th.defined() ? detail::apply_dropout(th, draw) : BasicTensor<T>(), tr);
+    }, h, residual);
     return y;
   }
 }

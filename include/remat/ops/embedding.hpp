@@ -7,10 +7,10 @@
 namespace remat {
 namespace op {
 /// The id of embedding(indices, weight): rows of a table picked by integer ids.
-inline const OpId embedding = register_op("embedding");
+inline const OpId embedding = register_op("embedding", tangent_rule);
 /// The id of embedding's backward as an op of its own (recorded under create_graph): dy summed
 /// into the rows its positions picked.
-inline const OpId embedding_backward = register_op("embedding_backward");
+inline const OpId embedding_backward = register_op("embedding_backward", tangent_rule);
 }  // namespace op
 
 template <class T>
@@ -58,6 +58,7 @@ BasicTensor<T> embedding_backward(const BasicTensor<T>& dy, const LongTensor& in
       if (ctx.create_graph()) return ctx.accumulate(0, remat::embedding(idx, ctx.grad_output()));
       ctx.accumulate(0, gather_rows(idx, ctx.grad_output()));
     });
+  push_tangent(dw, [&](const BasicTensor<T>& t) { return embedding_backward(t, indices, rows); }, dy);  // linear
   return dw;
 }
 }  // namespace detail
@@ -91,6 +92,7 @@ BasicTensor<T> embedding(const LongTensor& indices, const BasicTensor<T>& weight
         if (ctx.create_graph()) return ctx.accumulate(0, detail::embedding_backward(ctx.grad_output(), idx, rows));
         ctx.accumulate(0, detail::sum_rows_into_table(ctx.grad_output(), idx, rows));
       });
+    detail::push_tangent(y, [&](const BasicTensor<T>& t) { return embedding(indices, t); }, weight);  // linear in the table
     return y;
   }
 }

@@ -10,7 +10,7 @@
 namespace remat {
 namespace op {
 /// The id of erf(x): the elementwise error function.
-inline const OpId erf = register_op("erf");
+inline const OpId erf = register_op("erf", tangent_rule);
 }  // namespace op
 
 

@@ -7,7 +7,7 @@
 namespace remat {
 namespace op {
 /// The id of exp(x): the elementwise exponential.
-inline const OpId exp = register_op("exp");
+inline const OpId exp = register_op("exp", tangent_rule);
 }  // namespace op
 
 

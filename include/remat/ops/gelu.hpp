@@ -16,9 +16,9 @@
 namespace remat {
 namespace op {
 /// The id of gelu(x, GeluApproximation::tanh): GELU by GPT-2's tanh approximation.
-inline const OpId gelu_tanh = register_op("gelu_tanh");
+inline const OpId gelu_tanh = register_op("gelu_tanh", tangent_rule);
 /// The id of gelu(x): the exact GELU, x Φ(x) with erf.
-inline const OpId gelu = register_op("gelu");
+inline const OpId gelu = register_op("gelu", tangent_rule);
 }  // namespace op
 
 

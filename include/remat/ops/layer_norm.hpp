@@ -31,7 +31,7 @@
 namespace remat {
 namespace op {
 /// The id of layer_norm(x, weight, bias): normalisation over the last dim, then scale and shift.
-inline const OpId layer_norm = register_op("layer_norm");
+inline const OpId layer_norm = register_op("layer_norm", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -167,6 +167,20 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight,
             if (need_dx) ctx.accumulate(0, std::move(dx));
           });
     }
+    // The tangent: x̂ = (x − μ) r moves by r ((tx − mean tx) − x̂ mean(x̂ tx)); y = x̂ w + b.
+    detail::push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<W>& tw, const BasicTensor<B>& tb) {
+      const BasicTensor<T> centred = x - remat::mean(x, -1, true);
+      const BasicTensor<T> r = rdiv(sqrt(remat::mean(centred * centred, -1, true) + eps), 1.0);
+      const BasicTensor<T> xhat = centred * r;
+      BasicTensor<T> t;
+      if (tx.defined()) {
+        t = ((tx - remat::mean(tx, -1, true)) - xhat * remat::mean(xhat * tx, -1, true)) * r;
+        if (weight.defined()) t = t * weight;
+      }
+      if (tw.defined()) t = detail::tangent_sum(t, BasicTensor<T>(xhat * tw));
+      if (tb.defined()) t = detail::tangent_sum(t, broadcast_to(tb, x.shape()));
+      return t;
+    }, x, weight, bias);
     return y;
   }
 }

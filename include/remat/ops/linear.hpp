@@ -13,9 +13,12 @@
 namespace remat {
 namespace op {
 /// The id of linear(x, weight, bias): x Wᵀ + b.
-inline const OpId linear = register_op("linear");
+inline const OpId linear = register_op("linear", tangent_rule);
 }  // namespace op
 
+
+template <class T>
+BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias = {});
 
 namespace detail {
 
@@ -93,6 +96,13 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
                 }
               });
   }
+  // The tangent: bilinear in x and W, plus the bias's tangent on every row.
+  push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<T>& tw, const BasicTensor<T>& tb) {
+    BasicTensor<T> t = tx.defined() ? remat::linear(tx, weight) : BasicTensor<T>();
+    if (tw.defined()) t = tangent_sum(t, remat::linear(x, tw));
+    if (tb.defined()) t = tangent_sum(t, broadcast_to(tb, y.shape()));
+    return t;
+  }, x, weight, bias);
   return y;
 }
 
@@ -105,7 +115,7 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
 /// output rounded to bfloat16 values, and the bfloat16 copies saved.
 /// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
-BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias = {}) {
+BasicTensor<T> linear(const BasicTensor<T>& x, const BasicTensor<T>& weight, const BasicTensor<T>& bias) {
   if constexpr (detail::routed<T>())
     return detail::route([](const auto& a, const auto& w, const auto& b) { return remat::linear(a, w, b); }, x, weight,
                          bias);

@@ -6,7 +6,7 @@
 namespace remat {
 namespace op {
 /// The id of log(x): the elementwise natural logarithm.
-inline const OpId log = register_op("log");
+inline const OpId log = register_op("log", tangent_rule);
 }  // namespace op
 
 

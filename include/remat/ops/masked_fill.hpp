@@ -8,7 +8,7 @@
 namespace remat {
 namespace op {
 /// The id of masked_fill(x, mask, value): value where mask is true, else x.
-inline const OpId masked_fill = register_op("masked_fill");
+inline const OpId masked_fill = register_op("masked_fill", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -51,6 +51,8 @@ BasicTensor<T> masked_fill(const BasicTensor<T>& x, const BoolTensor& mask, S va
       if (ctx.create_graph()) return ctx.accumulate(0, masked_fill(ctx.grad_output(), ctx.template saved<bool>(0), 0));
       ctx.accumulate(0, detail::masked_select_fill(ctx.grad_output(), ctx.template saved<bool>(0), T(0)));
     });
+  // The filled places are constants: their tangent is zero.
+  detail::push_tangent(y, [&](const BasicTensor<T>& t) { return masked_fill(t, mask, 0); }, x);
   return y;
 }
 

@@ -16,7 +16,7 @@ namespace remat {
 /// policies and reports name ops.
 namespace op {
 /// The id of matmul(a, b): the matrix product over the last two dims, batched.
-inline const OpId matmul = register_op("matmul");
+inline const OpId matmul = register_op("matmul", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -225,11 +225,18 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
     REMAT_CHECK(b.size(tb ? -1 : -2) == K,
                 "matmul: inner dims differ: {}{} @ {}{} (A contributes {} to the product's inner dim, B {})", a.shape(),
                 ta ? "ᵀ" : "", b.shape(), tb ? "ᵀ" : "", K, b.size(tb ? -1 : -2));
+    BasicTensor<T> c;
     if constexpr (detail::kAutocasts<T>) {
       if (is_autocast_enabled())
-        return detail::matmul_with<T, bfloat16>(a, b, detail::autocast_operand(a), detail::autocast_operand(b), ta, tb);
+        c = detail::matmul_with<T, bfloat16>(a, b, detail::autocast_operand(a), detail::autocast_operand(b), ta, tb);
     }
-    return detail::matmul_with<T, T>(a, b, a, b, ta, tb);
+    if (!c.defined()) c = detail::matmul_with<T, T>(a, b, a, b, ta, tb);
+    // The tangent: bilinear, dA op(B) + op(A) dB with the same transposes.
+    detail::push_tangent(c, [&](const BasicTensor<T>& da, const BasicTensor<T>& db) {
+      return detail::tangent_sum(da.defined() ? matmul(da, b, ta, tb) : BasicTensor<T>(),
+                                 db.defined() ? matmul(a, db, ta, tb) : BasicTensor<T>());
+    }, a, b);
+    return c;
   }
 }
 

@@ -8,7 +8,7 @@
 namespace remat {
 namespace op {
 /// The id of max(x, dim): the maxima along a dim and their indices.
-inline const OpId max_dim = register_op("max_dim");
+inline const OpId max_dim = register_op("max_dim", tangent_rule);
 }  // namespace op
 
 
@@ -69,6 +69,14 @@ MaxResult<T> max(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = false
           px[(o * n + pi[o * inner + i]) * inner + i] = pd[o * inner + i];
       ctx.accumulate(0, std::move(dx));
     });
+  // The tangent at each maximum's position (the indices are constants).
+  detail::push_tangent(values, [&, at = indices](const BasicTensor<T>& t) {
+    BasicTensor<T> picked(out_shape);
+    const std::int64_t* pi = at.data();
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < inner; ++i) picked.data()[o * inner + i] = t.data()[(o * n + pi[o * inner + i]) * inner + i];
+    return picked;
+  }, x);
   return {values, indices};
 }
 

@@ -9,9 +9,9 @@
 namespace remat {
 namespace op {
 /// The id of mean(x): the mean of every element, a scalar.
-inline const OpId mean = register_op("mean");
+inline const OpId mean = register_op("mean", tangent_rule);
 /// The id of mean(x, dim): the mean along a dim.
-inline const OpId mean_dim = register_op("mean_dim");
+inline const OpId mean_dim = register_op("mean_dim", tangent_rule);
 }  // namespace op
 
 
@@ -35,6 +35,7 @@ BasicTensor<T> mean(const BasicTensor<T>& x) {
         detail::flat(dx).setConstant(ctx.grad_output().data()[0] / static_cast<T>(shape.numel()));
         ctx.accumulate(0, std::move(dx));
       });
+    detail::push_tangent(y, [](const BasicTensor<T>& t) { return mean(t); }, x);  // linear: the same mean
     return y;
   }
 }
@@ -59,6 +60,7 @@ BasicTensor<T> mean(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fa
           return ctx.accumulate(0, broadcast_to(detail::keep_dim(mul(ctx.grad_output(), scale), shape, d), shape));
         ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, scale));
       });
+    detail::push_tangent(y, [=](const BasicTensor<T>& t) { return mean(t, d, keepdim); }, x);
     return y;
   }
 }

@@ -8,9 +8,9 @@
 namespace remat {
 namespace op {
 /// The id of mul(x, s), x * s and s * x: every element times a scalar.
-inline const OpId mul_scalar = register_op("mul_scalar");
+inline const OpId mul_scalar = register_op("mul_scalar", tangent_rule);
 /// The id of mul(a, b) and a * b: the elementwise product, broadcast.
-inline const OpId mul = register_op("mul");
+inline const OpId mul = register_op("mul", tangent_rule);
 }  // namespace op
 
 

@@ -6,7 +6,7 @@
 namespace remat {
 namespace op {
 /// The id of narrow(x, dim, start, length) (and slice, split, chunk): a copied range along a dim.
-inline const OpId narrow = register_op("narrow");
+inline const OpId narrow = register_op("narrow", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -53,7 +53,7 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
 namespace op {
 /// The id of narrow's backward as an op of its own (recorded under create_graph): dy placed in a
 /// zero tensor of the input's shape.
-inline const OpId narrow_backward = register_op("narrow_backward");
+inline const OpId narrow_backward = register_op("narrow_backward", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -70,6 +70,7 @@ BasicTensor<T> narrow_backward(const BasicTensor<T>& dy, const Shape& shape, int
       if (ctx.create_graph()) return ctx.accumulate(0, remat::narrow(ctx.grad_output(), d, start, length));
       ctx.accumulate(0, take_along(ctx.grad_output(), d, start, length));
     });
+  push_tangent(dx, [&](const BasicTensor<T>& t) { return narrow_backward(t, shape, d, start); }, dy);
   return dx;
 }
 }  // namespace detail
@@ -94,6 +95,7 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
       if (ctx.create_graph()) return ctx.accumulate(0, detail::narrow_backward(ctx.grad_output(), shape, d, start));
       ctx.accumulate(0, detail::place_along(ctx.grad_output(), shape, d, start));
     });
+  detail::push_tangent(y, [&](const BasicTensor<T>& t) { return narrow(t, d, start, length); }, x);
   return y;
 }
 

@@ -5,7 +5,7 @@
 namespace remat {
 namespace op {
 /// The id of neg(x) and -x: the elementwise negation.
-inline const OpId neg = register_op("neg");
+inline const OpId neg = register_op("neg", tangent_rule);
 }  // namespace op
 
 

@@ -8,7 +8,7 @@
 namespace remat {
 namespace op {
 /// The id of permute(x, dims) (and transpose): the dims reordered, copied contiguous.
-inline const OpId permute = register_op("permute");
+inline const OpId permute = register_op("permute", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -68,6 +68,7 @@ BasicTensor<T> permute(const BasicTensor<T>& x, const std::vector<std::int64_t>&
         return ctx.accumulate(0, permute(ctx.grad_output(), std::vector<std::int64_t>(inverse.begin(), inverse.end())));
       ctx.accumulate(0, detail::permuted_copy(ctx.grad_output(), inverse));
     });
+  detail::push_tangent(y, [&](const BasicTensor<T>& t) { return permute(t, dims); }, x);
   return y;
 }
 

@@ -8,7 +8,7 @@
 namespace remat {
 namespace op {
 /// The id of pow(x, p): every element to a scalar power.
-inline const OpId pow = register_op("pow");
+inline const OpId pow = register_op("pow", tangent_rule);
 }  // namespace op
 
 

@@ -6,7 +6,7 @@
 namespace remat {
 namespace op {
 /// The id of relu(x): max(x, 0) elementwise.
-inline const OpId relu = register_op("relu");
+inline const OpId relu = register_op("relu", tangent_rule);
 }  // namespace op
 
 namespace detail {

@@ -6,7 +6,7 @@
 namespace remat {
 namespace op {
 /// The id of reshape(x, sizes) (and view, squeeze, unsqueeze, flatten): a new shape on the same data.
-inline const OpId reshape = register_op("reshape");
+inline const OpId reshape = register_op("reshape", tangent_rule);
 }  // namespace op
 
 
@@ -43,6 +43,7 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
       if (ctx.create_graph()) ctx.accumulate(0, reshape(ctx.grad_output(), in.vec()));
       else ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));
     });
+  detail::push_tangent(y, [&](const BasicTensor<T>& t) { return reshape(t, shape.vec()); }, x);
   return y;
 }
 

@@ -7,7 +7,7 @@
 namespace remat {
 namespace op {
 /// The id of sigmoid(x): 1 / (1 + exp(-x)) elementwise.
-inline const OpId sigmoid = register_op("sigmoid");
+inline const OpId sigmoid = register_op("sigmoid", tangent_rule);
 }  // namespace op
 
 

@@ -23,9 +23,9 @@
 namespace remat {
 namespace op {
 /// The id of softmax(x): the softmax over the last dim.
-inline const OpId softmax = register_op("softmax");
+inline const OpId softmax = register_op("softmax", tangent_rule);
 /// The id of log_softmax(x): the log of the softmax over the last dim.
-inline const OpId log_softmax = register_op("log_softmax");
+inline const OpId log_softmax = register_op("log_softmax", tangent_rule);
 }  // namespace op
 
 namespace detail {
@@ -98,6 +98,8 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
       return result;
     });
     detail::record_softmax(x, y);
+    // The Jacobian diag(y) - y yᵀ is symmetric: the tangent is the backward's formula on it.
+    detail::push_tangent(y, [&](const BasicTensor<T>& t) { return y * (t - remat::sum(t * y, -1, true)); }, x);
     return y;
   }
 }
@@ -141,6 +143,8 @@ BasicTensor<T> log_softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
                      });
         ctx.accumulate(0, std::move(dx));
       });
+    // ∂z_i/∂x_j = δ_ij − y_j: the tangent is t − ⟨y, t⟩ per row, y = e^z.
+    detail::push_tangent(y, [&](const BasicTensor<T>& t) { return t - remat::sum(exp(y) * t, -1, true); }, x);
     return y;
   }
 }

@@ -7,7 +7,7 @@
 namespace remat {
 namespace op {
 /// The id of sqrt(x): the elementwise square root.
-inline const OpId sqrt = register_op("sqrt");
+inline const OpId sqrt = register_op("sqrt", tangent_rule);
 }  // namespace op
 
 

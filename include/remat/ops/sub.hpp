@@ -9,11 +9,11 @@
 namespace remat {
 namespace op {
 /// The id of sub(x, s) and x - s: a scalar subtracted from every element.
-inline const OpId sub_scalar = register_op("sub_scalar");
+inline const OpId sub_scalar = register_op("sub_scalar", tangent_rule);
 /// The id of rsub(x, s) and s - x: every element subtracted from a scalar.
-inline const OpId rsub_scalar = register_op("rsub_scalar");
+inline const OpId rsub_scalar = register_op("rsub_scalar", tangent_rule);
 /// The id of sub(a, b) and a - b: the elementwise difference, broadcast.
-inline const OpId sub = register_op("sub");
+inline const OpId sub = register_op("sub", tangent_rule);
 }  // namespace op
 
 

@@ -7,9 +7,9 @@
 namespace remat {
 namespace op {
 /// The id of sum(x): the sum of every element, a scalar.
-inline const OpId sum = register_op("sum");
+inline const OpId sum = register_op("sum", tangent_rule);
 /// The id of sum(x, dim): the sum along a dim.
-inline const OpId sum_dim = register_op("sum_dim");
+inline const OpId sum_dim = register_op("sum_dim", tangent_rule);
 }  // namespace op
 
 
@@ -31,6 +31,7 @@ BasicTensor<T> sum(const BasicTensor<T>& x) {
         detail::flat(dx).setConstant(ctx.grad_output().data()[0]);
         ctx.accumulate(0, std::move(dx));
       });
+    detail::push_tangent(y, [](const BasicTensor<T>& t) { return sum(t); }, x);  // linear: the same sum
     return y;
   }
 }
@@ -52,6 +53,7 @@ BasicTensor<T> sum(const BasicTensor<T>& x, std::int64_t dim, bool keepdim = fal
           return ctx.accumulate(0, broadcast_to(detail::keep_dim(ctx.grad_output(), shape, d), shape));
         ctx.accumulate(0, detail::expand_over_dim(ctx.grad_output(), shape, d, T(1)));
       });
+    detail::push_tangent(y, [=](const BasicTensor<T>& t) { return sum(t, d, keepdim); }, x);
     return y;
   }
 }

@@ -7,7 +7,7 @@
 namespace remat {
 namespace op {
 /// The id of tanh(x): the elementwise hyperbolic tangent.
-inline const OpId tanh = register_op("tanh");
+inline const OpId tanh = register_op("tanh", tangent_rule);
 }  // namespace op
 
 

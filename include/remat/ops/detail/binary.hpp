@@ -97,16 +97,22 @@ void accumulate_graph_partial(BackwardContext<T>& ctx, std::size_t i, const Rule
   ctx.accumulate(i, sum_to_size(p.graph(dz, v), shape));
 }
 
-/// z = forward(a, b) with broadcasting; da and db through the partials `grad_a` and `grad_b`
-/// (partial_one, partial_minus_one, or partial<reads>(rule)). Saves what those partials read, each
-/// tensor once, in the order they first read it. Broadcast errors name the op.
-template <class T, class Forward, class GradA, class GradB>
-BasicTensor<T> binary_op(OpId op, const BasicTensor<T>& a, const BasicTensor<T>& b, Forward forward, GradA grad_a,
-                         GradB grad_b) {
-  const Shape shape = broadcast_shape(a.shape(), b.shape(), op.name());
-  BasicTensor<T> z = produce<T>(op, shape, static_cast<double>(shape.numel()), {a, b},
-                                [=] { return broadcast_apply(a, b, op.name(), forward); });
-  if (!grad_needed(a, b)) return z;
+/// An operand's term of z's tangent: its partial applied to its tangent broadcast to z's shape.
+template <class T, int Sign>
+BasicTensor<T> tangent_term(UnitPartial<Sign>, const BasicTensor<T>& t, const BinaryOperands<T>&) {
+  if constexpr (Sign > 0) return t;
+  else return neg(t);
+}
+template <class T, unsigned Reads, class Rule, class GraphRule>
+BasicTensor<T> tangent_term(const RulePartial<Reads, Rule, GraphRule>& p, const BasicTensor<T>& t,
+                            const BinaryOperands<T>& v) {
+  return p.graph(t, v);
+}
+
+/// binary_op's node: saves what the partials of the operands that need a gradient read.
+template <class T, class GradA, class GradB>
+void record_binary(OpId op, const BasicTensor<T>& a, const BasicTensor<T>& b, BasicTensor<T>& z, const GradA& grad_a,
+                   const GradB& grad_b) {
   const std::array<const BasicTensor<T>*, 3> operands{&a, &b, &z};
   std::array<std::size_t, 3> slot{};  // where each saved one of a, b, z sits in `saved`
   std::vector<SavedTensor> saved;
@@ -148,6 +154,29 @@ BasicTensor<T> binary_op(OpId op, const BasicTensor<T>& a, const BasicTensor<T>&
               partial(0, GradA::reads, grad_a, sa);
               partial(1, GradB::reads, grad_b, sb);
             });
+}
+
+/// z = forward(a, b) with broadcasting; da and db through the partials `grad_a` and `grad_b`
+/// (partial_one, partial_minus_one, or partial<reads>(rule)). Saves what those partials read, each
+/// tensor once, in the order they first read it. Broadcast errors name the op.
+template <class T, class Forward, class GradA, class GradB>
+BasicTensor<T> binary_op(OpId op, const BasicTensor<T>& a, const BasicTensor<T>& b, Forward forward, GradA grad_a,
+                         GradB grad_b) {
+  const Shape shape = broadcast_shape(a.shape(), b.shape(), op.name());
+  BasicTensor<T> z = produce<T>(op, shape, static_cast<double>(shape.numel()), {a, b},
+                                [=] { return broadcast_apply(a, b, op.name(), forward); });
+  if (grad_needed(a, b)) record_binary(op, a, b, z, grad_a, grad_b);
+  // The tangent (forward mode): each operand's partial (in its recorded form) applied to its
+  // tangent, broadcast to z's shape; the two terms summed.
+  if constexpr (HasGraphForm<GradA>::value && HasGraphForm<GradB>::value) {
+    push_tangent(z, [&](const BasicTensor<T>& ta, const BasicTensor<T>& tb) {
+      const BinaryOperands<T> v{a, b, z};
+      const auto term = [&](const auto& partial, const BasicTensor<T>& t) {
+        return t.defined() ? tangent_term(partial, broadcast_to(t, shape), v) : BasicTensor<T>();
+      };
+      return tangent_sum(term(grad_a, ta), term(grad_b, tb));
+    }, a, b);
+  }
   return z;
 }
 

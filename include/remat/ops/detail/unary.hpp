@@ -92,6 +92,16 @@ BasicTensor<T> unary_op(OpId op, const BasicTensor<T>& x, Forward forward, Backw
       ctx.accumulate(0, std::move(dx));
     });
   }
+  // The tangent (forward mode): element-wise, the Jacobian is diagonal, so the derivative formula
+  // applied to the tangent is its Jacobian-vector product; ops written in one formula have it on
+  // tensors.
+  if constexpr (Graph == GraphFormula::same) {
+    push_tangent(y, [&](const BasicTensor<T>& t) {
+      if constexpr (Saves == UnarySaves::nothing) return BasicTensor<T>(backward(t));
+      else if constexpr (Saves == UnarySaves::input) return BasicTensor<T>(backward(t, x));
+      else return BasicTensor<T>(backward(t, y));
+    }, x);
+  }
   return y;
 }
 

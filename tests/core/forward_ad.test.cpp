@@ -1,0 +1,111 @@
+// Forward mode's mechanics (core/forward_ad.hpp): dual levels, make_dual and tangent(), jvp's
+// contract and its bad input, the refusal of an op without a tangent rule, gradients through a
+// dual tensor, and tangent rules unseen by observers. Each op's rule is checked in
+// tests/ops/higher_order.test.cpp.
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+
+using namespace remat;
+
+TEST_CASE("dual_level: tangents live inside it and are cleared when it ends; levels do not nest",
+          "[core][forward_ad]") {
+  Generator g(1);
+  const DoubleTensor x = randn<double>({3, 4}, g), v = randn<double>({3, 4}, g);
+  DoubleTensor y;
+  {
+    dual_level level;
+    const DoubleTensor dual = make_dual(x, v);
+    CHECK(tangent(dual).to_vector() == v.to_vector());
+    CHECK_FALSE(tangent(x).defined());  // the primal itself carries none
+    y = exp(dual) * 2.0;
+    REQUIRE(tangent(y).defined());
+    CHECK(test::all_close(tangent(y), exp(x) * v * 2.0, 1e-15));
+    REQUIRE_ERROR(dual_level(), "already open");
+    REQUIRE_ERROR(make_dual(dual, v), "already has a tangent");
+  }
+  CHECK_FALSE(tangent(y).defined());
+  REQUIRE_ERROR(make_dual(x, v), "no dual level is open");
+  // Outside a level no op computes a tangent, dual or not: the same bits as ever.
+  CHECK(exp(x).to_vector() == exp(x.detach()).to_vector());
+}
+
+TEST_CASE("jvp: outputs, zero tangents for outputs that do not depend on the primals, bad input named",
+          "[core][forward_ad]") {
+  Generator g(2);
+  const DoubleTensor a = randn<double>({2, 3}, g), b = randn<double>({3, 2}, g);
+  const DoubleTensor ta = randn<double>({2, 3}, g), tb = randn<double>({3, 2}, g);
+  const DoubleTensor unrelated = randn<double>({4}, g);
+  const auto [outs, tangents] = jvp(
+      [&](const std::vector<DoubleTensor>& p) { return std::vector<DoubleTensor>{matmul(p[0], p[1]), unrelated * 2.0}; },
+      std::vector<DoubleTensor>{a, b}, std::vector<DoubleTensor>{ta, tb});
+  REQUIRE(outs.size() == 2);
+  CHECK(test::all_close(tangents[0], matmul(ta, b) + matmul(a, tb), 1e-14));
+  CHECK(tangents[1].to_vector() == std::vector<double>(4, 0.0));
+  // One tensor in, one out.
+  const auto [y, ty] = jvp([](const DoubleTensor& x) { return tanh(x); }, a, ta);
+  CHECK(test::all_close(ty, ta * (1.0 - tanh(a) * tanh(a)), 1e-15));
+  CHECK(y.to_vector() == tanh(a).to_vector());
+
+  REQUIRE_ERROR(jvp([](const DoubleTensor& x) { return x; }, a, tb), "jvp: tangent 0 has shape (3, 2), its primal (2, 3)");
+  REQUIRE_ERROR((jvp([](const std::vector<DoubleTensor>& p) { return p[0]; }, std::vector<DoubleTensor>{a, b},
+                     std::vector<DoubleTensor>{ta})),
+                "jvp: 2 primals but 1 tangents");
+}
+
+TEST_CASE("jvp: an op without a tangent rule is an error naming it, never a dropped tangent", "[core][forward_ad]") {
+  Generator g(3);
+  const Tensor x = randn<float>({4}, g), v = randn<float>({4}, g);
+  REQUIRE_ERROR(jvp([](const Tensor& t) { return test::unrecordable_square(t * 2.0f); }, x, v), "unrecordable_square",
+                "no tangent rule", "mul_scalar");
+  // Without a tangent among its inputs, the op runs as ever inside a level.
+  dual_level level;
+  CHECK(test::unrecordable_square(x).to_vector() == (x * x).to_vector());
+}
+
+TEST_CASE("make_dual: gradients pass through the dual to its primal; the tangent rides along the graph",
+          "[core][forward_ad]") {
+  Generator g(4);
+  const DoubleTensor w = randn<double>({3, 3}, g).requires_grad_();
+  const DoubleTensor v = randn<double>({3, 3}, g);
+  DoubleTensor plain_grad;
+  {
+    const DoubleTensor w2 = w.detach().requires_grad_();
+    sum(pow(tanh(w2), 2)).backward();
+    plain_grad = w2.grad();
+  }
+  {
+    dual_level level;
+    const DoubleTensor dual = make_dual(w, v);
+    const DoubleTensor loss = sum(pow(tanh(dual), 2));
+    CHECK(tangent(loss).defined());
+    loss.backward();
+  }
+  CHECK(w.grad().to_vector() == plain_grad.to_vector());
+}
+
+namespace {
+
+class OpNames : public Observer {
+ public:
+  void op(const OpOutput& out, const OpValues&) override { names.push_back(out.op.name()); }
+  std::vector<std::string> names;
+};
+
+}  // namespace
+
+TEST_CASE("jvp: tangent rules compute unseen, so observers and scopes hear the primal ops only",
+          "[core][forward_ad]") {
+  Generator g(5);
+  const Tensor x = randn<float>({2, 8}, g), w = randn<float>({4, 8}, g), v = randn<float>({2, 8}, g);
+  const auto f = [&](const Tensor& t) { return softmax(linear(tanh(t), w)); };
+  OpNames plain;
+  const Tensor y = f(x);
+  const std::vector<std::string> expected = plain.names;
+  plain.names.clear();
+  const auto [out, tout] = jvp(f, x, v);
+  CHECK(plain.names == expected);
+  CHECK(out.to_vector() == y.to_vector());
+  CHECK(tout.defined());
+}
