@@ -8,6 +8,7 @@
 #include "remat/core/format.hpp"
 #include "remat/core/forward_ad.hpp"
 #include "remat/core/grad.hpp"
+#include "remat/core/hvp.hpp"
 #include "remat/core/memory.hpp"
 #include "remat/core/node.hpp"
 #include "remat/core/op_output.hpp"

@@ -109,3 +109,24 @@ TEST_CASE("jvp: tangent rules compute unseen, so observers and scopes hear the p
   CHECK(out.to_vector() == y.to_vector());
   CHECK(tout.defined());
 }
+
+TEST_CASE("hvp: forward-over-reverse matches the analytic Hessian; unused inputs get zeros; bad input named",
+          "[core][forward_ad][hvp]") {
+  Generator g(6);
+  const DoubleTensor x = randn<double>({4}, g), v = randn<double>({4}, g), unused = randn<double>({2}, g);
+  // f = Σ x³ / 3 + (Σ x)²: H = diag(2x) + 2·11ᵀ, so H v = 2 x ⊙ v + 2 Σv.
+  const auto f = [](const std::vector<DoubleTensor>& p) { return sum(pow(p[0], 3)) / 3.0 + pow(sum(p[0]), 2); };
+  const auto [y, products] =
+      hvp(f, std::vector<DoubleTensor>{x, unused}, std::vector<DoubleTensor>{v, randn<double>({2}, g)});
+  CHECK(y.item() == f({x}).item());
+  CHECK(test::all_close(products[0], x * v * 2.0 + sum(v).item() * 2.0, 1e-14));
+  CHECK(products[1].to_vector() == std::vector<double>(2, 0.0));
+  CHECK_FALSE(x.requires_grad());  // the inputs are left as they were
+  // After hvp no tangent is left anywhere, and a plain backward is first order again.
+  const DoubleTensor w = x.detach().requires_grad_();
+  f({w}).backward();
+  CHECK(test::all_close(w.grad(), x * x + sum(x).item() * 2.0, 1e-14));
+
+  REQUIRE_ERROR(hvp([](const DoubleTensor& t) { return t * 2.0; }, x, v), "hvp: f must return one element, got shape (4,)");
+  REQUIRE_ERROR(hvp([](const DoubleTensor& t) { return sum(t); }, x, unused), "hvp: direction 0 has shape (2,), its input (4,)");
+}

@@ -2,7 +2,8 @@
 // against central differences of first derivatives (gradgradcheck, in double); its first-order
 // values bitwise those of the array backward; backward(create_graph) and grad() through a small
 // MLP; Hessian-vector products; and the refusals. Forward mode on the same list: every op's
-// tangent rule against central differences and against the double-vjp identity.
+// tangent rule against central differences and against the double-vjp identity, and every op's
+// backward carrying tangents (hvp, forward-over-reverse) against double backward.
 #include <functional>
 #include <set>
 #include <string>
@@ -355,5 +356,42 @@ TEST_CASE("jvp: the cases above reach every op registered with a tangent rule", 
   for (const std::string& op : ops_with_tangent_rules()) {
     INFO(op);
     CHECK(ran.names.count(op) == 1);
+  }
+}
+
+TEST_CASE("hvp: forward-over-reverse through every op's backward equals double backward (reverse-over-reverse)",
+          "[ops][forward_ad][hvp]") {
+  test::FreshTape fresh;
+  for (const Case& c : recordable_ops()) {
+    INFO(c.name);
+    Generator g(23);
+    // A scalar of the op's output: ⟨f(x), w⟩, whose Hessian sees every second partial.
+    const DoubleTensor w = randn<double>(c.f(c.inputs).shape(), g);
+    const auto scalar = [&](const std::vector<DoubleTensor>& x) { return sum(c.f(x) * w); };
+    std::vector<DoubleTensor> v;
+    for (const DoubleTensor& x : c.inputs) v.push_back(randn<double>(x.shape(), g));
+    const auto [value, products] = hvp(scalar, c.inputs, v);
+    CHECK(value.item() == scalar(c.inputs).item());
+
+    std::vector<DoubleTensor> xs;
+    for (const DoubleTensor& x : c.inputs) xs.push_back(detail::copy_of(x).requires_grad_());
+    GradOptions recorded;
+    recorded.create_graph = true;
+    const std::vector<DoubleTensor> first = grad(scalar(xs), xs, recorded);
+    DoubleTensor dot;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const DoubleTensor term = sum(first[i] * v[i]);
+      dot = dot.defined() ? dot + term : term;
+    }
+    GradOptions unused;
+    unused.allow_unused = true;
+    const std::vector<DoubleTensor> reference = grad(dot, xs, unused);
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      INFO("input " << i);
+      const DoubleTensor expected = reference[i].defined() ? reference[i] : zeros<double>(xs[i].shape());
+      const double scale = 1 + detail::flat(expected).abs().maxCoeff();
+      INFO("largest difference " << (detail::flat(products[i]) - detail::flat(expected)).abs().maxCoeff());
+      CHECK(test::all_close(products[i], expected, 1e-12 * scale));
+    }
   }
 }

@@ -1,6 +1,7 @@
 // Writes what gpt_hvp_parity.py compares with torch.autograd.functional.hvp: a GPT's initial weights,
 // one batch, a direction v (one float64 tensor per parameter), and remat's float64 loss, gradient
-// and Hessian-vector product H·v, dropout off.
+// and Hessian-vector product H·v, dropout off — H·v twice: by double backward (create_graph) and by
+// forward-over-reverse (remat::hvp).
 //
 // nn::GPT's modules hold float32 parameters, so the float64 run is the GPT written out in the ops
 // its modules call (gpt_loss below), in the same order. That it is the same model is checked here
@@ -110,15 +111,23 @@ int main(int argc, char** argv) try {
     g_dot_v = g_dot_v.defined() ? g_dot_v + term : term;
   }
   const std::vector<DoubleTensor> hv = grad(g_dot_v, params);
+  const auto [value, hv_forward] = hvp(
+      [&](const std::vector<DoubleTensor>& p) {
+        Weights<double> w;
+        for (std::size_t i = 0; i < p.size(); ++i) w.emplace(names[i], p[i]);
+        return gpt_loss(cfg, w, idx, targets);
+      },
+      params, v);
   out.emplace("loss", io::to_entry(loss.detach()));
   for (std::size_t i = 0; i < params.size(); ++i) {
     out.emplace("grad." + names[i], io::to_entry(g[i].detach()));
     out.emplace("hvp." + names[i], io::to_entry(hv[i]));
+    out.emplace("hvp_forward." + names[i], io::to_entry(hv_forward[i]));
   }
   io::write_safetensors(dir + "/remat.safetensors", out);
-  fmt::print("remat float64: loss {:.12f}, <g, v> {:.12f}; {} gradients and H·v written to {} "
-             "(the ops-written GPT matched nn::GPT bitwise in float32)\n",
-             loss.item(), g_dot_v.item(), params.size(), dir);
+  fmt::print("remat float64: loss {:.12f} ({:.12f} in hvp), <g, v> {:.12f}; {} gradients and H·v (double backward, "
+             "forward-over-reverse) written to {} (the ops-written GPT matched nn::GPT bitwise in float32)\n",
+             loss.item(), value.item(), g_dot_v.item(), params.size(), dir);
   return 0;
 } catch (const remat::Error& e) {
   fmt::print(stderr, "{}\n", e.what());

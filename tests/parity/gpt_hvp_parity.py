@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks remat's second order against PyTorch's: the reference GPT (torch_gpt.py) in float64, dropout
 off, loads the weights remat wrote, and torch.autograd.functional.hvp computes the loss, and H·v along
-remat's direction; torch.autograd.grad the gradient. Fails (exit 1) when the loss, any gradient or any
-H·v tensor has relative error ||remat - torch|| / ||torch|| above 1e-10.
+remat's direction; torch.autograd.grad the gradient. remat's H·v comes twice, by double backward and
+by forward-over-reverse (remat::hvp). Fails (exit 1) when the loss, any gradient or any H·v tensor
+has relative error ||remat - torch|| / ||torch|| above 1e-10.
 
 usage: gpt_hvp_parity.py DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB"""
 import math
@@ -42,7 +43,8 @@ def main():
 
     rows = [("loss", rel(ref["loss"], loss))]
     for name, gi, hi in zip(names, g, hv):
-        for kind, ours, theirs in (("grad", ref["grad." + name], gi), ("hvp", ref["hvp." + name], hi)):
+        for kind, ours, theirs in (("grad", ref["grad." + name], gi), ("hvp", ref["hvp." + name], hi),
+                                   ("hvp (forward-over-reverse)", ref["hvp_forward." + name], hi)):
             if ours.shape != theirs.shape:
                 print(f"FAIL {kind} {name}: remat shape {tuple(ours.shape)} vs torch {tuple(theirs.shape)}")
                 return 1

@@ -221,9 +221,12 @@ struct Segment {
   /// stays there: the gradients' graph reaches the inputs through the replayed activations.
   void backward(BackwardContext<float>& ctx) {
     reads.check_versions(who());
+    // Formulas in ops (create_graph, or carrying tangents): kept outputs are computed again (a kept
+    // value has neither a graph back to its op's inputs nor a tangent); only create_graph records
+    // the replay onto the tape being walked.
     const bool recorded = ctx.create_graph();
     std::optional<RecordedRun> run;
-    if (recorded) run.emplace(current_tape());
+    if (recorded && !session().tangent_walk) run.emplace(current_tape());
     else run.emplace();
     std::vector<TracedOp> replay_trace;
     std::optional<R> replayed;

@@ -141,10 +141,11 @@ class RecordedRun {
   void backward(const std::vector<Tensor*>& outputs, const std::vector<Tensor>& grads, bool retain_graph = false) {
     REMAT_ASSERT(outputs.size() == grads.size());
     const bool graph = onto_ != nullptr;
+    const bool keep = graph || session().tangent_walk;  // the gradients as they are: a graph, or tangents
     const TapePosition end = onto_ ? onto_->position() : 0;  // the run's last node, before any seeding sum
     for (std::size_t i = 0; i < outputs.size(); ++i)
       if (outputs[i]->requires_grad() && grads[i].defined())
-        accumulate_grad(*outputs[i]->meta(), graph ? grads[i] : copy_of(grads[i]), graph);
+        accumulate_grad(*outputs[i]->meta(), keep ? grads[i] : copy_of(grads[i]), keep);
     if (!graph) return tape_.backward(tape_.position(), 0, retain_graph);
     Install<&Session::create_graph> recorded(true);
     onto_->backward(end, first_, true);

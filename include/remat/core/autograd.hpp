@@ -138,6 +138,8 @@ BasicTensor<T> recorded_sum(const BasicTensor<T>& a, const BasicTensor<T>& b) {
   REMAT_ASSERT(a.shape() == b.shape());
   BasicTensor<T> sum(a.shape());
   flat(sum) = flat(a) + flat(b);  // the bits of the in-place sum a first-order backward does
+  // In a backward carrying tangents, gradients sum with their tangents.
+  if (has_tangent(a) || has_tangent(b)) set_tangent(sum, tangent_sum(tangent_of(a), tangent_of(b)));
   if (grad_needed(a, b))
     record<T>("accumulate_grad", {a, b}, {&sum}, {}, [](BackwardContext<T>& ctx) {
       ctx.create_graph();  // dz passes to both as it is, with or without a graph
@@ -226,18 +228,23 @@ struct BackwardRoot {
 /// same tape, and keeps the graph it walks (the new one reaches back into it).
 template <class T>
 void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool retain_graph, bool create_graph = false) {
-  if (create_graph) {
+  // Inside a dual level the walk carries tangents (forward-over-reverse: hvp): every backward
+  // computes in ops on its saved tensors' identities, whose tangents the ops' rules carry into
+  // the gradients, and records nothing.
+  const bool tangents = !create_graph && tangents_active();
+  if (create_graph || tangents) {
     const Session& s = session();
-    REMAT_CHECK(!s.autocast, "{}: create_graph under autocast is not available yet — differentiate twice in "
-                "float32 or float64", who);
+    const char* what = create_graph ? "create_graph" : "a backward carrying tangents (inside a dual level: hvp)";
+    REMAT_CHECK(!s.autocast, "{}: {} under autocast is not available yet — differentiate twice in float32 or "
+                "float64", who, what);
     REMAT_CHECK(s.saved_tensor_hooks.empty(),
-                "{}: create_graph with saved-tensor hooks or stores in force (offload, save_bfloat16, a memory "
-                "budget) is not available yet", who);
+                "{}: {} with saved-tensor hooks or stores in force (offload, save_bfloat16, a memory budget) is not "
+                "available yet", who, what);
     REMAT_CHECK(s.observers.empty(),
-                "{}: create_graph with observers installed (data parallel, a memory budget, a step log) is not "
-                "available yet", who);
-    REMAT_CHECK(s.replay_depth == 0, "{}: create_graph inside a checkpoint's replay is not available", who);
-    retain_graph = true;
+                "{}: {} with observers installed (data parallel, a memory budget, a step log) is not available "
+                "yet", who, what);
+    REMAT_CHECK(s.replay_depth == 0, "{}: {} inside a checkpoint's replay is not available", who, what);
+    if (create_graph) retain_graph = true;
   }
   Tape* tape = nullptr;
   std::ptrdiff_t newest = -1;
@@ -270,9 +277,11 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
     Install<&Session::grad_enabled> grad_mode(session().grad_enabled || create_graph);
     Install<&Session::recording> recording(session().recording || create_graph);
     Install<&Session::create_graph> graph(create_graph);
+    Install<&Session::tangent_walk> carrying(session().tangent_walk || tangents);
     std::optional<Install<&Session::tapes>> onto;
     if (create_graph && tape) onto.emplace(tape);
-    for (BackwardRoot<T>& r : roots) accumulate_grad(*r.tensor->meta(), std::move(r.gradient), create_graph);
+    for (BackwardRoot<T>& r : roots)
+      accumulate_grad(*r.tensor->meta(), std::move(r.gradient), create_graph || tangents);
     if (tape) tape->backward(static_cast<TapePosition>(newest) + 1, 0, retain_graph);
   } catch (...) {
     notify([&](Observer& o) { o.backward_end(false, outermost); });

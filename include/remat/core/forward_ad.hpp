@@ -26,20 +26,6 @@
 namespace remat {
 namespace detail {
 
-/// Dual levels open in the process, counted so that an op reads its thread's session only while
-/// one is (relaxed: a hint; the session decides).
-inline std::atomic<int>& dual_levels_open() {
-  static std::atomic<int> open{0};
-  return open;
-}
-
-/// Whether ops on this thread propagate tangents now: a dual level is open and no rule is computing.
-inline bool tangents_active() {
-  if (dual_levels_open().load(std::memory_order_relaxed) == 0) return false;
-  const Session& s = session();
-  return s.dual_level != nullptr && s.tangents_off == 0;
-}
-
 /// The op is about to read tensors carrying tangents: it must have a rule.
 inline void require_tangent_rule(OpId op) {
   REMAT_CHECK(has_tangent_rule(op),
@@ -86,17 +72,6 @@ void push_tangent_list(BasicTensor<T>& y, const Rule& rule, const std::vector<Ba
     return rule(tangents);
   }();
   if (t.defined()) set_tangent(y, std::move(t));
-}
-
-/// a + b for two terms of a tangent, either of which may be undefined (an input without one).
-template <class T>
-BasicTensor<T> tangent_sum(const BasicTensor<T>& a, const BasicTensor<T>& b) {
-  if (!a.defined()) return b;
-  if (!b.defined()) return a;
-  REMAT_ASSERT(a.shape() == b.shape());
-  BasicTensor<T> sum(a.shape());
-  flat(sum) = flat(a) + flat(b);
-  return sum;
 }
 
 }  // namespace detail

@@ -86,8 +86,13 @@ std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, con
                 "grad: input {} (shape {}) was not used to compute the outputs (no gradient reached it); "
                 "pass allow_unused = true to get an undefined tensor for it", i, inputs[i].shape());
     // With create_graph the tensor itself, graph and all (nothing writes a graph's tensors in place).
-    if (options.create_graph && g.defined() && g.meta()) result.push_back(g);
-    else result.push_back(g.defined() ? detail::copy_of(g) : BasicTensor<T>());
+    if (options.create_graph && g.defined() && g.meta()) {
+      result.push_back(g);
+    } else {
+      result.push_back(g.defined() ? detail::copy_of(g) : BasicTensor<T>());
+      // Inside a dual level the gradient carries its tangent (hvp: forward-over-reverse).
+      if (detail::has_tangent(g)) detail::set_tangent(result.back(), detail::tangent_of(g));
+    }
   }
   return result;
 }

@@ -210,7 +210,8 @@ class TypedNode final : public Node {
 
   void run(bool retain_graph) override {
     REMAT_ASSERT(!released());
-    const bool graph = session().create_graph;
+    // Formulas in ops: recorded (create_graph), or carrying tangents unrecorded (a tangent walk).
+    const bool graph = session().create_graph || session().tangent_walk;
     std::vector<BasicTensor<Out>> grads(outputs_.size());
     for (std::size_t i = 0; i < outputs_.size(); ++i) {
       if (auto m = outputs_[i].lock()) {
@@ -233,20 +234,27 @@ class TypedNode final : public Node {
     notify([&](Observer& o) { o.backward_op(name()); });
     TimelineSpan span(name(), "backward");
     const std::vector<std::shared_ptr<void>> pinned = pin_saved();
-    if (graph) {
+    if (session().create_graph) {
       // A walk this backward runs of its own (a checkpoint's replay) is first-order: only a
       // backward that asks create_graph() records, and it does so through ordinary ops.
       Install<&Session::create_graph> first_order(false);
       fn_(ctx);
+    } else if (graph) {
+      // Carrying tangents: the formulas' ops record nothing (a replay records its own run). Once
+      // the node has run, no backward reads its outputs' tangents again (their consumers ran
+      // before it): they go now, not when the dual level ends.
+      Install<&Session::grad_enabled> unrecorded(false);
+      fn_(ctx);
+      if (!retain_graph)
+        for (const auto& w : outputs_)
+          if (auto m = w.lock()) m->tangent = BasicTensor<Out>();
     } else {
       fn_(ctx);
     }
     REMAT_CHECK(!graph || ctx.asked_create_graph(),
-                "backward: op '{}' cannot record its backward (create_graph): its gradient would have no "
-                "graph, so a second differentiation through it would be wrong. create_graph supports the "
-                "element-wise arithmetic ops, tanh, sigmoid, relu, exp, log, sqrt, pow, sum, mean, reshape, "
-                "masked_fill, dropout, broadcast_to, sum_to_size, matmul, linear and checkpoint() (not nested, "
-                "not chain schedules), without autocast or saved-tensor stores", name());
+                "backward: op '{}' cannot compute its backward in ops (create_graph, or a backward carrying "
+                "tangents: hvp): its gradient would have no graph and no tangent, so a second differentiation "
+                "through it would be wrong. Every op of remat can; chain schedules cannot yet", name());
     if (!retain_graph) release();
   }
 

@@ -79,6 +79,7 @@ struct Session {
   std::shared_ptr<AutocastCache> autocast_cache;  ///< the outermost autocast scope's parameter casts
   DualLevelState* dual_level = nullptr;  ///< the open dual level (forward mode), its tangents to clear
   int tangents_off = 0;                  ///< > 0 while a tangent rule computes (its ops carry none)
+  bool tangent_walk = false;  ///< a backward carrying tangents (forward-over-reverse): formulas in ops, unrecorded
 
   // Randomness.
   std::shared_ptr<Generator> default_generator;  ///< made at first use (default_generator())

@@ -36,10 +36,19 @@ inline void check_last_dim(const Shape& s, std::int64_t dim, const char* op) {
               op, s.rank() - 1, dim, s);
 }
 
-/// Records softmax's node for x -> y (y's values given): what softmax() records, and what a
-/// recorded backward uses to give saved probabilities (cross_entropy's) a graph back to the logits.
+/// y = softmax(x)'s tangent from x's: the Jacobian diag(y) - y yᵀ is symmetric, so it is the
+/// backward's formula applied to the tangent.
+template <class T>
+void softmax_tangent(const BasicTensor<T>& x, BasicTensor<T>& y) {
+  push_tangent(y, [&](const BasicTensor<T>& t) { return y * (t - remat::sum(t * y, -1, true)); }, x);
+}
+
+/// Records softmax's node for x -> y (y's values given) and y's tangent: what softmax() records,
+/// and what a backward in ops gives saved probabilities (cross_entropy's): a graph back to the
+/// logits, or a tangent from theirs.
 template <class T>
 void record_softmax(const BasicTensor<T>& x, BasicTensor<T>& y) {
+  softmax_tangent(x, y);
   if (!grad_needed(x)) return;
   const std::int64_t c = x.size(-1);
   record<T>(op::softmax, {x}, {&y}, {y}, [c](BackwardContext<T>& ctx) {
@@ -98,8 +107,6 @@ BasicTensor<T> softmax(const BasicTensor<T>& x, std::int64_t dim = -1) {
       return result;
     });
     detail::record_softmax(x, y);
-    // The Jacobian diag(y) - y yᵀ is symmetric: the tangent is the backward's formula on it.
-    detail::push_tangent(y, [&](const BasicTensor<T>& t) { return y * (t - remat::sum(t * y, -1, true)); }, x);
     return y;
   }
 }
