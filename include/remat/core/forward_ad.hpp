@@ -80,12 +80,14 @@ void push_tangent_list(BasicTensor<T>& y, const Rule& rule, const std::vector<Ba
 /// tangent set inside it is cleared when it ends. One at a time per thread, as in PyTorch.
 class dual_level {
  public:
+  /// Opens the thread's dual level (a remat::Error if one is open already).
   dual_level() {
     detail::Session& s = detail::session();
     REMAT_CHECK(s.dual_level == nullptr, "dual_level: a dual level is already open on this thread (they do not nest)");
     s.dual_level = &state_;
     ++detail::dual_levels_open();
   }
+  /// Clears every tangent set inside it and closes it.
   ~dual_level() {
     for (const auto& clear : state_.clear) clear();
     detail::session().dual_level = nullptr;

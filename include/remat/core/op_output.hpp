@@ -78,6 +78,7 @@ inline OpId register_op(const char* name) {
 /// The tag of an op registered with a tangent rule (forward mode, core/forward_ad.hpp): the op
 /// computes its output's tangent when it reads one.
 struct TangentRule {};
+/// Passed to register_op: `register_op("exp", tangent_rule)`.
 inline constexpr TangentRule tangent_rule{};
 
 namespace detail {
