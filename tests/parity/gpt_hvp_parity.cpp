@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include <remat/remat.hpp>
+#include "parity_setup.hpp"
 
 namespace {
 
@@ -58,21 +58,13 @@ bool same_bits(const BasicTensor<T>& a, const BasicTensor<T>& b) {
 int main(int argc, char** argv) try {
   REMAT_CHECK(argc == 8, "usage: gpt_hvp_parity OUT_DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB");
   const std::string dir = argv[1];
-  nn::GPTConfig cfg;
-  cfg.n_layer = std::stoll(argv[2]);
-  cfg.n_embd = std::stoll(argv[3]);
-  cfg.n_head = std::stoll(argv[4]);
-  cfg.block_size = std::stoll(argv[5]);
-  const std::int64_t B = std::stoll(argv[6]);
-  cfg.vocab_size = std::stoll(argv[7]);
-  Generator gen(2024);
-  nn::GPT model(cfg, gen);
-  io::save(model, dir + "/weights.safetensors");
+  const parity::Setup s = parity::setup(argv);
+  const nn::GPTConfig& cfg = s.cfg;
+  nn::GPT& model = *s.model;
+  const LongTensor& idx = s.idx;
+  const LongTensor& targets = s.targets;
   std::vector<std::string> names;
   for (auto& [name, p] : model.named_parameters()) names.push_back(name);
-  const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
-  LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
-  targets.at({0, 0}) = -100;
 
   // The written-out model is nn::GPT: the same float32 loss and gradients, bit for bit.
   Weights<float> w32;

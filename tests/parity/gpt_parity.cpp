@@ -5,7 +5,7 @@
 //   gpt_parity OUT_DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB [autocast]
 #include <string>
 
-#include <remat/remat.hpp>
+#include "parity_setup.hpp"
 
 int main(int argc, char** argv) try {
   using namespace remat;
@@ -13,20 +13,10 @@ int main(int argc, char** argv) try {
               "usage: gpt_parity OUT_DIR LAYERS WIDTH HEADS CONTEXT BATCH VOCAB [autocast]");
   const bool both = argc == 9;
   const std::string dir = argv[1];
-  nn::GPTConfig cfg;
-  cfg.n_layer = std::stoll(argv[2]);
-  cfg.n_embd = std::stoll(argv[3]);
-  cfg.n_head = std::stoll(argv[4]);
-  cfg.block_size = std::stoll(argv[5]);
-  const std::int64_t B = std::stoll(argv[6]);
-  cfg.vocab_size = std::stoll(argv[7]);
-  Generator gen(2024);
-  nn::GPT model(cfg, gen);
-  io::save(model, dir + "/weights.safetensors");
-
-  const LongTensor idx = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
-  LongTensor targets = randint(0, cfg.vocab_size, {B, cfg.block_size}, gen);
-  targets.at({0, 0}) = -100;  // one ignored position, so ignore_index is compared too
+  const parity::Setup s = parity::setup(argv);
+  nn::GPT& model = *s.model;
+  const LongTensor& idx = s.idx;
+  const LongTensor& targets = s.targets;
   io::TensorFile out{{"batch.idx", io::to_entry(idx)}, {"batch.targets", io::to_entry(targets)}};
   for (const bool mixed : both ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
     const std::string prefix = !both ? "" : mixed ? "autocast." : "fp32.";
