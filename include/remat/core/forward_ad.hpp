@@ -128,8 +128,8 @@ BasicTensor<T> tangent(const BasicTensor<T>& t) {
 }
 
 /// The outputs of f(primals) and their Jacobian-vector products along `tangents` (one per primal,
-/// each of its shape), as torch.func.jvp: every op f runs carries the tangents forward, so the
-/// cost is about one more forward and nothing is kept for a backward. f takes the primals as a
+/// each of its shape), as torch.func.jvp: every op f runs carries the tangents forward by its
+/// rule as it runs, and nothing is kept for a backward. f takes the primals as a
 /// vector and returns a tensor or a vector of tensors; an output that does not depend on them
 /// gets a zero tangent. The outputs keep their graphs (gradients pass through to the primals).
 template <class T, class F>
