@@ -55,7 +55,7 @@ void push_tangent(BasicTensor<T>& y, const Rule& rule, const BasicTensor<In>&...
   if (!tangents_active() || !(has_tangent(inputs) || ...)) return;
   BasicTensor<T> t = [&] {
     TangentRuleScope computing;
-    return rule((inputs.meta() ? inputs.meta()->tangent : BasicTensor<In>())...);
+    return rule(tangent_of(inputs)...);
   }();
   if (t.defined()) set_tangent(y, std::move(t));
 }
@@ -68,7 +68,7 @@ void push_tangent_list(BasicTensor<T>& y, const Rule& rule, const std::vector<Ba
   BasicTensor<T> t = [&] {
     TangentRuleScope computing;
     std::vector<BasicTensor<T>> tangents;
-    for (const BasicTensor<T>& x : inputs) tangents.push_back(x.meta() ? x.meta()->tangent : BasicTensor<T>());
+    for (const BasicTensor<T>& x : inputs) tangents.push_back(tangent_of(x));
     return rule(tangents);
   }();
   if (t.defined()) set_tangent(y, std::move(t));
@@ -124,7 +124,7 @@ BasicTensor<T> make_dual(const BasicTensor<T>& primal, const BasicTensor<T>& tan
 /// t's tangent at the open dual level, or an undefined tensor (PyTorch's unpack_dual(t).tangent).
 template <class T>
 BasicTensor<T> tangent(const BasicTensor<T>& t) {
-  return detail::has_tangent(t) ? t.meta()->tangent : BasicTensor<T>();
+  return detail::tangent_of(t);
 }
 
 /// The outputs of f(primals) and their Jacobian-vector products along `tangents` (one per primal,
@@ -150,12 +150,10 @@ std::pair<std::vector<BasicTensor<T>>, std::vector<BasicTensor<T>>> jvp(F&& f, c
     outputs = f(duals);
   std::vector<BasicTensor<T>> out_tangents;
   for (const BasicTensor<T>& y : outputs) {
-    if (detail::has_tangent(y)) {
-      out_tangents.push_back(y.meta()->tangent);
-    } else {
-      BasicTensor<T> zero(y.shape());
-      detail::flat(zero).setZero();
-      out_tangents.push_back(std::move(zero));
+    out_tangents.push_back(detail::tangent_of(y));
+    if (!out_tangents.back().defined()) {
+      out_tangents.back() = BasicTensor<T>(y.shape());
+      detail::flat(out_tangents.back()).setZero();
     }
   }
   return {std::move(outputs), std::move(out_tangents)};
