@@ -6,6 +6,9 @@
 //   bench_hvp_step [--layers 4] [--width 128] [--heads 4] [--context 64] [--batch 4] [--vocab 256]
 //                  [--dropout 0.1] [--policies none,blocks,selective] [--repeats 5]
 //
+// Chain schedules (sqrt, uniform:K, binomial:S, budget:MB) run the first two methods: a backward
+// recording its ops (create_graph) through a chain is refused, hvp carries tangents through it.
+//
 // Columns per policy and method: the median time (ms, with the range over --repeats), and the
 // peak bytes above the step's start (memory_stats()'s live-byte peak: activations, saved tensors,
 // tangents and gradients alike), each also as a ratio to the first-order step's.
@@ -94,8 +97,10 @@ int main(int argc, char** argv) try {
              "peak MB", "x grad");
   std::stringstream list(a["policies"]);
   for (std::string policy; std::getline(list, policy, ',');) {
-    apply_checkpointing(gpt, policy::parse(policy));
-    const std::vector<Method> methods{Method::gradient, Method::forward_over_reverse, Method::double_backward};
+    const Checkpointing how = policy::parse(policy);
+    apply_checkpointing(gpt, how);
+    std::vector<Method> methods{Method::gradient, Method::forward_over_reverse, Method::double_backward};
+    if (how.kind == Checkpointing::Kind::chain) methods.pop_back();
     std::vector<std::vector<Sample>> samples(methods.size());
     for (int r = 0; r < repeats; ++r)
       for (std::size_t m = 0; m < methods.size(); ++m) samples[m].push_back(run(gpt, methods[m], idx, targets, direction));
@@ -108,7 +113,9 @@ int main(int argc, char** argv) try {
       const double median = ms[ms.size() / 2];
       const std::size_t peak = samples[m].back().peak;  // the same on every repeat: the books are exact
       if (m == 0) grad_ms = median, grad_peak = peak;
-      const char* name = m == 0 ? "gradient" : m == 1 ? "hvp (fwd-over-rev)" : "H·v (double backward)";
+      const char* name = methods[m] == Method::gradient               ? "gradient"
+                         : methods[m] == Method::forward_over_reverse ? "hvp (fwd-over-rev)"
+                                                                      : "H·v (double backward)";
       fmt::print("{:<16} {:<22} {:>9.1f} [{:.1f}, {:.1f}] {:>7.2f}x {:>12.2f} {:>7.2f}x\n", policy, name, median,
                  ms.front(), ms.back(), median / grad_ms, peak / 1e6, double(peak) / double(grad_peak));
     }

@@ -106,6 +106,48 @@ TEST_CASE("checkpoint_sequential: a step that ignores its input passes no gradie
   }
 }
 
+TEST_CASE("checkpoint and chains: a tensor computed before them and held only by their function gets its gradient "
+          "through to what it was computed from, and none from a budget's measuring",
+          "[checkpoint][grad][chain]") {
+  // The function is the only holder of w·2 once the forward returns: its node must not die with
+  // the segment's (or chain's) node, before the walk reaches the op that made it.
+  Generator init(6);
+  const Tensor w0 = randn({3, 3}, init), x0 = randn({2, 3}, init);
+  enum class How { plain, checkpoint, none, binomial, budget, online };
+  const auto gradient = [&](How how) {
+    test::FreshTape fresh;
+    Tensor w = w0.detach().requires_grad_(), x = x0.detach().requires_grad_();
+    Tensor y;
+    {
+      const Tensor scaled = w * 2.0f;  // computed, not a leaf; goes out of scope here
+      const ChainStep step = [scaled](const Tensor& h) { return tanh(matmul(h, scaled)); };
+      const std::vector<ChainStep> steps(3, step);
+      switch (how) {
+        case How::plain: y = step(step(step(x))); break;
+        case How::checkpoint: y = checkpoint(step, checkpoint(step, checkpoint(step, x))); break;
+        case How::none: y = checkpoint_sequential(steps, x, policy::none()); break;
+        case How::binomial: y = checkpoint_sequential(steps, x, policy::binomial(1)); break;
+        // Measuring the steps runs a dry backward: what it sends to w·2 must stay there.
+        case How::budget: y = checkpoint_sequential(steps, x, policy::budget(std::size_t{1} << 20)); break;
+        case How::online: {
+          OnlineChain chain(x, 2);
+          for (int i = 0; i < 3; ++i) chain.advance(step);
+          y = chain.finish();
+          break;
+        }
+      }
+    }
+    sum(y).backward();
+    REQUIRE(w.grad().defined());
+    return std::vector<std::vector<float>>{w.grad().to_vector(), x.grad().to_vector()};
+  };
+  const auto reference = gradient(How::plain);
+  for (How how : {How::checkpoint, How::none, How::binomial, How::budget, How::online}) {
+    INFO("placement " << static_cast<int>(how));
+    CHECK(gradient(how) == reference);
+  }
+}
+
 TEST_CASE("checkpoint_sequential: replays are checked like checkpoint()'s", "[checkpoint][chain][misuse]") {
   int calls = 0;
   // The first execution of step 1 returns (2, 4); any later one (a replay) returns (2, 3).

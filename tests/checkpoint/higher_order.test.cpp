@@ -1,7 +1,7 @@
 // create_graph through checkpoint(): a segment's replay is recorded onto the tape being walked, so
 // gradients, gradient penalties and Hessian-vector products through checkpointed segments (nested,
 // selective, dropout on) equal the unchecked run's. Forward mode (jvp) through them too, and
-// Hessian-vector products by forward-over-reverse (hvp).
+// Hessian-vector products by forward-over-reverse (hvp). Chain schedules: chain_higher_order.test.cpp.
 #include <functional>
 #include <vector>
 
@@ -284,10 +284,6 @@ TEST_CASE("jvp through checkpoint(): tangents bitwise the unchecked run's (per b
     CHECK(r.tangent.to_vector() == reference.tangent.to_vector());
     require_equal(r.grads, reference.grads, "gradient after jvp");
   }
-  // A chain schedule runs its steps on detached values: refused, not a zero tangent.
-  const std::vector<ChainStep> steps(3, [](const Tensor& t) { return tanh(t); });
-  REQUIRE_ERROR(jvp([&](const Tensor& t) { return checkpoint_sequential(steps, t, policy::binomial(1)); }, x, tangents.back()),
-                "chain", "forward-mode differentiation", "not available yet");
 }
 
 TEST_CASE("hvp through checkpoint(): forward-over-reverse per block, nested and selective with dropout equals the "
@@ -315,10 +311,6 @@ TEST_CASE("hvp through checkpoint(): forward-over-reverse per block, nested and 
     INFO("placement " << static_cast<int>(p));
     require_equal(products(p), reference, "hvp through checkpoint()");
   }
-  // A chain schedule is refused (it would drop the tangents).
-  const std::vector<ChainStep> steps(2, [](const Tensor& t) { return tanh(t); });
-  REQUIRE_ERROR(hvp([&](const Tensor& t) { return sum(checkpoint_sequential(steps, t, policy::binomial(1))); }, x, x),
-                "chain", "not available yet");
 }
 
 TEST_CASE("hvp through a whole GPT with dropout, per block and selective: forward-over-reverse equals the unchecked "

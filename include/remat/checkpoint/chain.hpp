@@ -3,6 +3,11 @@
 // puts one node on the tape. The forward pass runs the schedule up to recording the last step;
 // the node's backward runs the rest. Every execution of step i sees the generator state step i saw
 // in the forward pass, and replays run with is_replaying() set, as checkpoint() does.
+//
+// Forward mode: inside a dual level the states carry their tangents from step to step (jvp through
+// a chain), and each snapshot keeps its state's tangent beside it in the same tier, so a replay in
+// backward carries them again: a backward carrying tangents (hvp, forward-over-reverse) runs under
+// every schedule at the schedule's memory, each kept state and each recorded step twice over.
 
 #include <deque>
 #include <functional>
@@ -107,6 +112,8 @@ std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
   detail::RecordDraws draws(others);
   // The executor holds steps recorded in forward compactly under the same modes (ChainRun).
   const bool compact = detail::ReplayModes::compose().early_stop;
+  // Measured without tangents: a plan is the same whether or not the chain carries them.
+  detail::Install<&detail::Session::tangents_off> primal_only(detail::session().tangents_off + 1);
   Tensor h = x.detach();
   for (std::size_t i = 0; i < steps.size(); ++i) {
     Tape scratch;
@@ -116,13 +123,14 @@ std::vector<StepCost> measure_steps(const Steps& steps, const Tensor& x) {
     Tensor leaf = h.detach();
     leaf.requires_grad_();
     const int input_refs = leaf.storage()->saved_refs();
+    const std::uint64_t first_node = detail::session().next_node_id;
     StepCost c{0.0, h.nbytes(), 0};
     auto [y, held] = detail::measure_record(steps[i], leaf, c);
     const std::size_t recorded = memory_stats().saved_bytes - before;
     c.reads_input = leaf.storage()->saved_refs() > input_refs;
     c.saves_output = y.defined() && y.storage() != leaf.storage() && y.storage()->saved_refs() > 0;
     if (y.requires_grad()) {
-      detail::Install<&detail::Session::discard_leaf_grads> dry_run(true);
+      detail::Install<&detail::Session::dry_run_first_node> dry_run(first_node);
       y.backward(ones(y.shape()));
     }
     c.activation_bytes = scope.peak_saved_bytes() - before;
@@ -160,11 +168,8 @@ struct ChainRun {
   /// A run named `name` starting from x, with the thread's checking, early-stop and debug modes.
   ChainRun(std::string run_name, const Tensor& x, ReplayModes modes = ReplayModes::compose())
       : name(std::move(run_name)), check_values(modes.check_values), early_stop(modes.early_stop),
-        debug(modes.debug), compact(early_stop), current(x.detach()), input_shape(x.shape()) {
-    // Its steps run on detached values: a tangent entering (by x or by a step's parameters) would
-    // be dropped, so forward mode is refused here rather than answered with a zero.
-    REMAT_CHECK(!tangents_active(), "{}: forward-mode differentiation (jvp, a dual tensor) through a chain schedule "
-                "is not available yet; checkpoint() carries tangents", name);
+        debug(modes.debug), compact(early_stop && !tangents_active()), current(detach_keeping_tangent(x)),
+        input_shape(x.shape()) {
     if (x.requires_grad()) input_meta = x.meta();
   }
 
@@ -175,7 +180,9 @@ struct ChainRun {
   bool check_values = false;  // compare replayed values too (CheckpointChecking), not just shapes
   bool early_stop = true;     // stop replays of steps whose output feeds only their own reversal
   bool debug = false;         // CheckpointDebug: each step's op trace, first execution
-  bool compact = true;        // hold steps recorded in forward by what their backward reads
+  // Hold steps recorded in forward by what their backward reads; not inside a dual level, where
+  // what a step's backward reads carries tangents, which a compact record does not hold.
+  bool compact = true;
 
   /// What each step's first execution noted, by step: valid for the steps run so far, and what
   /// every later execution (a replay) is set up from and checked against.
@@ -203,13 +210,17 @@ struct ChainRun {
 
   /// What the run holds between actions: snapshots, recorded steps (their graphs) and the steps
   /// held compactly (compact_records.hpp), rebuilt as they are reversed.
+  struct Kept {
+    std::unique_ptr<Snapshot> value;
+    std::unique_ptr<Snapshot> tangent;  // the state's tangent, in the same tier (forward mode)
+  };
   struct Recorded {
     std::unique_ptr<RecordedRun> run;
     Tensor input, output;
     bool in_forward = false;  // recorded during forward (kept across backward calls under retain_graph)
   };
   struct Held {
-    std::map<std::int64_t, std::unique_ptr<Snapshot>> kept;
+    std::map<std::int64_t, Kept> kept;
     std::map<std::int64_t, Recorded> recorded;
     CompactRecords compact_records;
     std::set<std::int64_t> forward_snapshots;  // the snapshots taken during forward
@@ -247,7 +258,7 @@ struct ChainRun {
         // recorded replays will run it, with the input needing one (step 0: if the chain's does).
         Tensor in = x;
         if (!in.requires_grad() && is_grad_enabled() && (i > 0 || input_meta)) {
-          in = x.detach();
+          in = detach_keeping_tangent(x);
           in.requires_grad_();
         }
         RunParts parts;
@@ -311,8 +322,16 @@ struct ChainRun {
     if (!any_grad || !is_grad_enabled()) return out;
     // The snapshots kept in forward are held by the run; the node saves nothing of its own.
     record<float>(std::move(node_name), {x}, {&out}, {}, [run](BackwardContext<float>& ctx) {
+      // A backward carrying tangents (hvp) runs the plan as any other, its replays carrying the
+      // snapshots' tangents; one recording its ops could not reach the chain's input through
+      // the snapshots, which are cut from the graph.
+      const bool tangent_walk = session().tangent_walk;
+      REMAT_CHECK(!ctx.create_graph() || tangent_walk,
+                  "{}: create_graph through a chain schedule is not available yet: its snapshots are cut from the "
+                  "graph a second differentiation would walk. hvp() (forward-over-reverse) runs through every chain "
+                  "schedule, grad(create_graph) through checkpoint()", run->name);
       run->first.outside_reads.check_versions(run->name);
-      run->grad = copy_of(ctx.grad_output());
+      run->grad = tangent_walk ? ctx.grad_output() : copy_of(ctx.grad_output());
       run->retaining = ctx.retain_graph();
       try {
         run->run_backward();
@@ -329,6 +348,9 @@ struct ChainRun {
         run->held.kept.clear();
         run->held.recorded.clear();
         run->held.compact_records.clear();
+        // The steps may hold tensors computed before the chain (a lambda's captures) that their
+        // reversal just sent gradients to: they live on until the walk has passed their producers.
+        session().walk_keepalive.push_back(run);
       }
     });
     return out;
@@ -419,7 +441,7 @@ struct ChainRun {
         auto not_recording = scoped_recording(false);
         for (std::int64_t j = i; j < i + act.count; ++j) {
           const auto position_now = at(j, j + 1 < i + act.count ? j + 1 : after);
-          current = run_step(j, current).detach();
+          current = detach_keeping_tangent(run_step(j, current));
           ++position;
           ++counts.advances;
         }
@@ -430,17 +452,25 @@ struct ChainRun {
         if (act.disk) {
           REMAT_CHECK(!plan.disk_directory.empty(), "{}: the schedule keeps x_{} on disk, but its policy names no "
                       "directory", name, i);
-          held.kept[i] = std::make_unique<DiskSnapshot>(current, plan.disk_directory, i);
+          const Tensor t = tangent_of(current);
+          held.kept[i] = {std::make_unique<DiskSnapshot>(current, plan.disk_directory, i),
+                          t.defined() ? std::make_unique<DiskSnapshot>(t, plan.disk_directory, i) : nullptr};
           ++counts.disk_writes;
         } else {
-          held.kept[i] = std::make_unique<MemorySnapshot>(current);
+          const Tensor t = tangent_of(current);
+          held.kept[i] = {std::make_unique<MemorySnapshot>(current.detach()),
+                          t.defined() ? std::make_unique<MemorySnapshot>(t) : nullptr};
         }
         counts.peak_snapshots = std::max<std::int64_t>(counts.peak_snapshots, static_cast<std::int64_t>(held.kept.size()));
         break;
-      case K::restore:
-        current = held.kept.at(i)->load();
+      case K::restore: {
+        const Kept& k = held.kept.at(i);
+        current = k.value->load().detach();
+        // Outside the dual level now (a backward after jvp), the replays carry none.
+        if (k.tangent && tangents_active()) set_tangent(current, k.tangent->load());
         position = i;
         break;
+      }
       case K::free:
         if (forward) held.forward_snapshots.erase(i);  // an online chain frees as it goes: the set stays at s
         if (!(retaining && held.forward_snapshots.count(i))) held.kept.erase(i);
@@ -448,7 +478,8 @@ struct ChainRun {
       case K::record: {
         Recorded r{std::make_unique<RecordedRun>(), Tensor(current.storage(), current.shape()), Tensor(), forward};
         if (i > 0) r.input.requires_grad_();
-        else if (input_meta) r.input.set_meta(input_meta);
+        else if (input_meta) r.input.set_meta(input_meta);  // x's identity: its tangent too
+        if (has_tangent(current) && !has_tangent(r.input)) set_tangent(r.input, tangent_of(current));
         const bool unused = !forward && next && next->kind == Action::Kind::reverse && next->step == i;
         // A step recorded in forward waits for its reversal: hold it by what its backward reads
         // when that is all it needs (noted while it records; its graph goes right after).
@@ -456,7 +487,7 @@ struct ChainRun {
         if (forward && compact) notes.emplace();
         const auto position_now = at(i, after);
         r.output = r.run->record([&] { return run_step(i, r.input, unused, notes ? &*notes : nullptr); });
-        current = r.output.detach();
+        current = detach_keeping_tangent(r.output);
         if (notes && notes->complete) {
           held.compact_records.add(i, std::move(*notes), r.input, r.input.storage()->version(), r.output.requires_grad());
         } else {

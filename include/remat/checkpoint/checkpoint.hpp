@@ -147,11 +147,8 @@ struct Segment {
       }
       outputs.push_back(std::move(o));
     });
-    for (Tensor* o : out) {  // fresh handles: never an input's autograd metadata; a tangent stays
-      const Tensor t = tangent(*o);
-      *o = o->detach();
-      if (t.defined()) detail::set_tangent(*o, t);
-    }
+    // Fresh handles: never an input's autograd metadata; a tangent stays.
+    for (Tensor* o : out) *o = detach_keeping_tangent(*o);
     return out;
   }
 
@@ -300,7 +297,14 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
   if (node_outputs.empty()) return result;  // nothing inside needs a gradient: nothing to replay
   const std::string name = seg.options.name;
   detail::record<float>(name, inputs, node_outputs, std::move(saved),
-                        [segment](detail::BackwardContext<float>& ctx) { segment->backward(ctx); }, SavedBy::checkpoint);
+                        [segment](detail::BackwardContext<float>& ctx) {
+                          segment->backward(ctx);
+                          // fn may hold tensors computed before the segment (a lambda's captures)
+                          // that its replay just sent gradients to: they live on with it until the
+                          // walk has passed their producers.
+                          if (!ctx.retain_graph()) detail::session().walk_keepalive.push_back(segment);
+                        },
+                        SavedBy::checkpoint);
   return result;
 }
 

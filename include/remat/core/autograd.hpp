@@ -272,6 +272,10 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
   const bool outermost = session().backward_depth == 0;
   Install<&Session::backward_depth> depth(session().backward_depth + 1);
   notify([&](Observer& o) { o.backward_begin(outermost); });
+  const auto end_of_walk = [outermost] {
+    std::vector<std::shared_ptr<const void>> held;
+    if (outermost) held.swap(session().walk_keepalive);
+  };
   try {
     // Recording on, onto the tape walked: the new nodes come after those they read.
     Install<&Session::grad_enabled> grad_mode(session().grad_enabled || create_graph);
@@ -284,9 +288,11 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
       accumulate_grad(*r.tensor->meta(), std::move(r.gradient), create_graph || tangents);
     if (tape) tape->backward(static_cast<TapePosition>(newest) + 1, 0, retain_graph);
   } catch (...) {
+    end_of_walk();
     notify([&](Observer& o) { o.backward_end(false, outermost); });
     throw;
   }
+  end_of_walk();
   // An observer may throw here (a memory budget the step did not fit): after every one has heard.
   notify([&](Observer& o) { o.backward_end(true, outermost); });
 }

@@ -89,7 +89,7 @@ class dual_level {
   }
   /// Clears every tangent set inside it and closes it.
   ~dual_level() {
-    for (const auto& clear : state_.clear) clear();
+    state_.clear_all();
     detail::session().dual_level = nullptr;
     --detail::dual_levels_open();
   }

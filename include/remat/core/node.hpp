@@ -89,7 +89,10 @@ BasicTensor<T> recorded_sum(const BasicTensor<T>& a, const BasicTensor<T>& b);
 /// gradient can be differentiated again.
 template <class T>
 void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false) {
-  if (meta.is_leaf() && session().discard_leaf_grads) return;  // a dry run
+  // A dry run's gradients stay inside it: none into a leaf, nor into a tensor made before it (a
+  // parameter computed from another), whose node a later walk would send it on from.
+  if (const std::uint64_t first = session().dry_run_first_node; first != 0 && (meta.is_leaf() || meta.node_id < first))
+    return;
   GradCapture* capture = meta.is_leaf() ? session().grad_capture : nullptr;
   if (capture) capture->set_aside(meta);
   if (graph) {
@@ -254,7 +257,7 @@ class TypedNode final : public Node {
     REMAT_CHECK(!graph || ctx.asked_create_graph(),
                 "backward: op '{}' cannot compute its backward in ops (create_graph, or a backward carrying "
                 "tangents: hvp): its gradient would have no graph and no tangent, so a second differentiation "
-                "through it would be wrong. Every op of remat can; chain schedules cannot yet", name());
+                "through it would be wrong. Every op of remat can", name());
     if (!retain_graph) release();
   }
 

@@ -46,7 +46,7 @@ class RunScope;
 class RecordDraws;
 class ThreadSavedBooks;
 struct SavedTensorHooksPair;
-struct DualLevelState;
+class DualLevelState;
 
 /// The chain step running on this thread and the step its schedule runs after it
 /// (checkpoint/chain.hpp sets it around each step and each reversal): what a wrapper around the
@@ -72,7 +72,9 @@ struct Session {
   int backward_depth = 0;     ///< > 0 inside Tensor::backward (nested: a planner's dry run)
   std::uint64_t next_node_id = 1;
   std::vector<Tape*> tapes;   ///< the current tapes, innermost last; [0] is root_tape (tape_stack())
-  bool discard_leaf_grads = false;  ///< a dry run: gradients reaching leaves are dropped
+  /// A dry run (measure_steps), when not 0: the first node id it records. Gradients reaching
+  /// leaves, or tensors made before it (their nodes' ids are lower), are dropped.
+  std::uint64_t dry_run_first_node = 0;
   GradCapture* grad_capture = nullptr;  ///< remat::grad() walking: leaves' .grad put back after
   bool create_graph = false;        ///< a backward walk that records its own ops (create_graph)
   bool autocast = false;            ///< remat::autocast: float32 matrix products on the bfloat16 GEMM
@@ -80,6 +82,10 @@ struct Session {
   DualLevelState* dual_level = nullptr;  ///< the open dual level (forward mode), its tangents to clear
   int tangents_off = 0;                  ///< > 0 while a tangent rule computes (its ops carry none)
   bool tangent_walk = false;  ///< a backward carrying tangents (forward-over-reverse): formulas in ops, unrecorded
+  /// What backwards that ran held for the rest of the walk (a checkpoint's function, a chain's
+  /// steps): a tensor computed before them and captured by them gets its gradient from their
+  /// backward and must live until the walk reaches its producer. Dropped when the outermost walk ends.
+  std::vector<std::shared_ptr<const void>> walk_keepalive;
 
   // Randomness.
   std::shared_ptr<Generator> default_generator;  ///< made at first use (default_generator())

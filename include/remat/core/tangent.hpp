@@ -4,8 +4,8 @@
 // across a metadata swap (record() making an op's outputs require grad); core/forward_ad.hpp
 // builds dual levels, tangent rules and jvp on this.
 
+#include <algorithm>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -30,9 +30,37 @@ inline bool tangents_active() {
   return s.dual_level != nullptr && s.tangents_off == 0;
 }
 
-/// An open dual level: what to clear when it ends (the tangents set inside it).
-struct DualLevelState {
-  std::vector<std::function<void()>> clear;
+/// An open dual level: the tensor identities given a tangent inside it, whose tangents go when it
+/// ends. Entries of identities already gone are dropped as the list grows, so a long loop inside
+/// one level (a chain of 10^5 steps, each op's output given a tangent) holds only about twice the
+/// living ones, not one per op ever run.
+class DualLevelState {
+ public:
+  template <class T>
+  void note(const std::shared_ptr<AutogradMeta<T>>& meta) {
+    if (set_.size() >= prune_at_) {
+      set_.erase(std::remove_if(set_.begin(), set_.end(), [](const Entry& e) { return e.meta.expired(); }), set_.end());
+      prune_at_ = std::max(kFirstPrune, 2 * set_.size());
+    }
+    set_.push_back({meta, [](void* m) { static_cast<AutogradMeta<T>*>(m)->tangent = BasicTensor<T>(); }});
+  }
+  /// Clears every tangent noted (the level ends).
+  void clear_all() {
+    for (const Entry& e : set_)
+      if (const std::shared_ptr<void> m = e.meta.lock()) e.clear(m.get());
+    set_.clear();
+  }
+  /// Entries held now (for tests).
+  std::size_t size() const { return set_.size(); }
+
+ private:
+  static constexpr std::size_t kFirstPrune = 1024;
+  struct Entry {
+    std::weak_ptr<void> meta;
+    void (*clear)(void*);
+  };
+  std::vector<Entry> set_;
+  std::size_t prune_at_ = kFirstPrune;
 };
 
 template <class T>
@@ -47,9 +75,7 @@ void set_tangent(const std::shared_ptr<AutogradMeta<T>>& meta, BasicTensor<T> ta
   Session& s = session();
   REMAT_ASSERT(s.dual_level != nullptr);
   meta->tangent = std::move(tangent);
-  s.dual_level->clear.push_back([held = std::weak_ptr<AutogradMeta<T>>(meta)] {
-    if (auto m = held.lock()) m->tangent = BasicTensor<T>();
-  });
+  s.dual_level->note(meta);
 }
 
 /// a + b for two terms of a tangent, either of which may be undefined (an input without one).
@@ -75,6 +101,15 @@ void set_tangent(BasicTensor<T>& y, BasicTensor<T> tangent) {
   REMAT_ASSERT(tangent.shape() == y.shape());
   if (!y.meta()) y.set_meta(std::make_shared<AutogradMeta<T>>());
   set_tangent(y.meta(), std::move(tangent));
+}
+
+/// t cut from the graph, its tangent kept: forward mode carries on through the cut (a checkpoint's
+/// outputs, a chain's states).
+template <class T>
+BasicTensor<T> detach_keeping_tangent(const BasicTensor<T>& t) {
+  BasicTensor<T> cut = t.detach();
+  if (has_tangent(t)) set_tangent(cut, t.meta()->tangent);
+  return cut;
 }
 
 }  // namespace remat::detail

@@ -362,7 +362,7 @@ class FullyShardedDataParallel : private remat::Observer {
     const remat::detail::Session& s = remat::detail::session();
     // Not in later steps (the counts decide), a planner's dry run, or remat::grad() (leaf
     // gradients go to its caller, not to .grad).
-    if (!expected_.empty() || s.discard_leaf_grads || s.grad_capture != nullptr) return;
+    if (!expected_.empty() || s.dry_run_first_node != 0 || s.grad_capture != nullptr) return;
     if (++reversed_[i] < forward_runs_[i]) return;
     if (!step_started_) start_step();
     for (const ShardedUnit::Entry& e : units_[i].entries)
