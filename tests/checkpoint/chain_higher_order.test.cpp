@@ -24,6 +24,13 @@ struct Chain {
         primals.push_back((randn<float>(s, g) * 0.3f).detach());
     primals.push_back(randn<float>({3, 6}, g));
   }
+  /// A random direction: one tensor per primal, of its shape.
+  std::vector<Tensor> direction(std::uint64_t seed) const {
+    Generator g(seed);
+    std::vector<Tensor> out;
+    for (const Tensor& p : primals) out.push_back(randn<float>(p.shape(), g));
+    return out;
+  }
   /// The steps reading their parameters from `p` (the duals that jvp and hvp hand f).
   static std::vector<ChainStep> step_functions(const std::vector<Tensor>& p) {
     std::vector<ChainStep> out;
@@ -87,12 +94,8 @@ TEST_CASE("jvp through every chain schedule: the final state's tangent bitwise t
           "[chain][forward_ad]") {
   test::TempDir dir;
   const Chain c(7);
-  Generator g(3);
-  std::vector<Tensor> tangents;
-  for (const Tensor& p : c.primals) tangents.push_back(randn<float>(p.shape(), g));
-  struct Result {
-    std::vector<Tensor> values;  // the final state, its tangent, then the gradients of sum(state²)
-  };
+  const std::vector<Tensor> tangents = c.direction(3);
+  // The final state, its tangent, then the gradients of sum(state²).
   const auto result = [&](const Placement& how) {
     test::FreshTape fresh;
     std::vector<Tensor> leaves;
@@ -117,9 +120,7 @@ TEST_CASE("hvp through every chain schedule: forward-over-reverse bitwise the pl
           "[chain][forward_ad][hvp]") {
   test::TempDir dir;
   const Chain c(7);
-  Generator g(4);
-  std::vector<Tensor> direction;
-  for (const Tensor& p : c.primals) direction.push_back(randn<float>(p.shape(), g));
+  const std::vector<Tensor> direction = c.direction(4);
   const auto products = [&](const Placement& how, const std::shared_ptr<ChainCounts>& counts) {
     test::FreshTape fresh;
     const auto loss = [&](const std::vector<Tensor>& p) { return mean(pow(run(p, how, counts), 2)); };

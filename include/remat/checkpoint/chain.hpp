@@ -350,6 +350,9 @@ struct ChainRun {
         run->held.compact_records.clear();
         // The steps may hold tensors computed before the chain (a lambda's captures) that their
         // reversal just sent gradients to: they live on until the walk has passed their producers.
+        // The run's own state goes now.
+        run->current = Tensor();
+        run->grad = Tensor();
         session().walk_keepalive.push_back(run);
       }
     });
