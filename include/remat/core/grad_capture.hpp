@@ -72,7 +72,7 @@ class GradCapture {
     if (notes_.size() >= prune_at_) {
       const auto gone = [this](const Note& n) {
         if (!n.alive.expired()) return false;
-        noted_.erase(n.key);  // the address may be a new tensor's next
+        noted_.erase(n.key);  // a new tensor may take its address
         kept_.erase(n.key);
         return true;
       };

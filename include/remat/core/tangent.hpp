@@ -36,6 +36,7 @@ inline bool tangents_active() {
 /// living ones, not one per op ever run.
 class DualLevelState {
  public:
+  /// Notes that `meta` was given a tangent inside this level.
   template <class T>
   void note(const std::shared_ptr<AutogradMeta<T>>& meta) {
     if (set_.size() >= prune_at_) {
