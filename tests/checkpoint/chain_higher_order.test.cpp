@@ -151,15 +151,9 @@ TEST_CASE("hvp through every chain schedule: forward-over-reverse bitwise the pl
   };
   const float eps = 1e-3f;
   const std::vector<Tensor> plus = gradient_at(eps), minus = gradient_at(-eps);
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < reference.size(); ++i)
-    for (std::int64_t j = 0; j < reference[i].numel(); ++j) {
-      const double numeric = (double(plus[i].data()[j]) - minus[i].data()[j]) / (2 * eps);
-      worst = std::max(worst, std::abs(numeric - reference[i].data()[j]));
-      scale = std::max(scale, std::abs(numeric));
-    }
-  INFO("largest |H·v - differences| " << worst << " of a largest entry " << scale);
-  CHECK(worst <= 2e-3 * scale);
+  const test::Agreement a = test::against_differences(reference, plus, minus, eps);
+  INFO("largest |H·v - differences| " << a.worst << " of a largest entry " << a.scale);
+  CHECK(a.worst <= 2e-3 * a.scale);
 }
 
 TEST_CASE("create_graph through a chain schedule is refused by name, pointing at hvp", "[chain][higher_order]") {

@@ -5,29 +5,11 @@
 #include <functional>
 #include <vector>
 
-#include "support.hpp"
+#include "checkpoint/support_checkpoint.hpp"
 
 using namespace remat;
 
 namespace {
-
-/// How far a Hessian-vector product is from central differences of gradients along the same
-/// direction, (g(+ε) - g(-ε)) / 2ε: the largest entry's gap, and the largest difference quotient.
-struct Agreement {
-  double worst = 0, scale = 0;
-};
-
-Agreement against_differences(const std::vector<Tensor>& hvp, const std::vector<Tensor>& plus,
-                              const std::vector<Tensor>& minus, float eps) {
-  Agreement a;
-  for (std::size_t i = 0; i < hvp.size(); ++i)
-    for (std::int64_t j = 0; j < hvp[i].numel(); ++j) {
-      const double numeric = (double(plus[i].data()[j]) - minus[i].data()[j]) / (2 * eps);
-      a.worst = std::max(a.worst, std::abs(numeric - hvp[i].data()[j]));
-      a.scale = std::max(a.scale, std::abs(numeric));
-    }
-  return a;
-}
 
 struct Layer {
   Tensor w1, b1, w2, b2;
@@ -174,7 +156,7 @@ TEST_CASE("create_graph through checkpoint(): the HVP matches differences of gra
     test::FreshTape fresh;
     return grad(std::vector<Tensor>{forward(moved, x, Placement::none)}, moved.parameters());
   };
-  const Agreement a = against_differences(r.hvp, shifted(1), shifted(-1), eps);
+  const test::Agreement a = test::against_differences(r.hvp, shifted(1), shifted(-1), eps);
   INFO("largest |HVP - differences| " << a.worst << " of a largest entry " << a.scale);
   CHECK(a.worst <= 1e-2 * a.scale);  // central differences in float, step 1e-2: about 0.4% here
 }
@@ -247,7 +229,7 @@ TEST_CASE("create_graph through a whole GPT with dropout: per block and selectiv
     for (std::size_t i = 0; i < params.size(); ++i) *params[i] = saved[i];
     return g;
   };
-  const Agreement a = against_differences(reference.hvp, gradient_at(1), gradient_at(-1), eps);
+  const test::Agreement a = test::against_differences(reference.hvp, gradient_at(1), gradient_at(-1), eps);
   INFO("largest |HVP - differences| " << a.worst << " of a largest entry " << a.scale);
   CHECK(a.worst <= 1e-2 * a.scale);
 }

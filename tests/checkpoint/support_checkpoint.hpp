@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -35,6 +37,24 @@ struct TempDir {
   }
   std::string path;
 };
+
+/// How far a Hessian-vector product is from central differences of gradients along the same
+/// direction, (g(+ε) - g(-ε)) / 2ε: the largest entry's gap, and the largest difference quotient.
+struct Agreement {
+  double worst = 0, scale = 0;
+};
+
+inline Agreement against_differences(const std::vector<Tensor>& hvp, const std::vector<Tensor>& plus,
+                                     const std::vector<Tensor>& minus, float eps) {
+  Agreement a;
+  for (std::size_t i = 0; i < hvp.size(); ++i)
+    for (std::int64_t j = 0; j < hvp[i].numel(); ++j) {
+      const double numeric = (double(plus[i].data()[j]) - minus[i].data()[j]) / (2 * eps);
+      a.worst = std::max(a.worst, std::abs(numeric - hvp[i].data()[j]));
+      a.scale = std::max(a.scale, std::abs(numeric));
+    }
+  return a;
+}
 
 /// Every parameter's gradient, in named_parameters order, copied out.
 inline std::vector<std::vector<float>> gradients(nn::Module& m) {
