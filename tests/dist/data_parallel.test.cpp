@@ -364,5 +364,24 @@ TEST_CASE("dist: ranks whose gradients become ready in another order are told so
   CHECK_THROWS_WITH(sum(y).backward(), Catch::Contains("bucket layouts differ") && Catch::Contains("bucket 0"));
 }
 
+TEST_CASE("dist: create_graph and hvp under DataParallel are an error naming it, before the walk starts", "[dist]") {
+  dist::Context& ctx = world();
+  nn::Linear a(4, 4);
+  dist::DataParallel ddp(ctx, {{"a.weight", &a.weight}, {"a.bias", &a.bias}});
+  const Tensor x = ones(Shape{2, 4});
+  const Tensor loss = sum(tanh(a(x)));
+  GradOptions recorded;
+  recorded.create_graph = true;
+  CHECK_THROWS_WITH(grad(loss, {a.weight}, recorded),
+                    Catch::Contains("create_graph is not available here") &&
+                        Catch::Contains("DataParallel averages first-order gradients across ranks"));
+  CHECK_THROWS_WITH(hvp([&](const Tensor& w) { return sum(tanh(matmul(x, w, false, true))); }, a.weight,
+                        ones(a.weight.shape())),
+                    Catch::Contains("carrying tangents") && Catch::Contains("DataParallel averages"));
+  // Nothing was sent: the first-order step still averages.
+  sum(tanh(a(x))).backward();
+  CHECK(a.weight.grad().defined());
+}
+
 }  // namespace
 }  // namespace remat::test

@@ -37,6 +37,11 @@
 // keeps. A budget below what the step needs is a remat::Error at the end of that step's backward,
 // naming the smallest budget that worked (measured); the step's gradients are complete and exact
 // all the same, and the next step can retry with that budget.
+//
+// Second order: under create_graph the tensors the recorded backward saves are held and count
+// against the budget with the forward's (only the forward's outputs are registered to be computed
+// again); in hvp's tangent walk it caps the saved tensors, not their tangents (autograd metadata,
+// outside the books).
 
 #include <algorithm>
 #include <any>

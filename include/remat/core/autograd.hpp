@@ -237,12 +237,11 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
     const char* what = create_graph ? "create_graph" : "a backward carrying tangents (inside a dual level: hvp)";
     REMAT_CHECK(!s.autocast, "{}: {} under autocast is not available yet — differentiate twice in float32 or "
                 "float64", who, what);
-    REMAT_CHECK(s.saved_tensor_hooks.empty(),
-                "{}: {} with saved-tensor hooks or stores in force (offload, save_bfloat16, a memory budget) is not "
-                "available yet", who, what);
-    REMAT_CHECK(s.observers.empty(),
-                "{}: {} with observers installed (data parallel, a memory budget, a step log) is not available "
-                "yet", who, what);
+    // Saved-tensor stores need nothing more: a backward takes its saved tensors' identities from
+    // its node, whatever a store gives back their values from (a budget's recomputation, a file).
+    for (const Observer* o : s.observers)
+      if (std::string why = o->refuses_higher_order(); !why.empty())
+        throw Error(fmt::format("{}: {} is not available here: {}", who, what, why));
     REMAT_CHECK(s.replay_depth == 0, "{}: {} inside a checkpoint's replay is not available", who, what);
     if (create_graph) retain_graph = true;
   }

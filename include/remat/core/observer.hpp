@@ -67,6 +67,9 @@ class Observer {
   virtual void replay_begin(const ReplayEvent& e) { (void)e; }
   /// The replay begun last ended (also when by an exception).
   virtual void replay_end(const ReplayEvent& e) { (void)e; }
+  /// Why a backward that records its ops (create_graph) or carries tangents (hvp) must not run
+  /// while this observer is installed; empty when it may. Asked before such a walk starts.
+  virtual std::string refuses_higher_order() const { return {}; }
 
  private:
   detail::Install<&detail::Session::observers> installed_;

@@ -223,6 +223,10 @@ class DataParallel : private remat::Observer {
     progress(false);
   }
 
+  std::string refuses_higher_order() const override {
+    return "DataParallel averages first-order gradients across ranks; the graph create_graph records and the "
+           "tangents hvp carries would not be averaged (each rank would differentiate its own share alone)";
+  }
   void backward_end(bool completed, bool outermost) override {
     if (outermost) finish_step(completed);  // a dry run inside a backward is not the step's end
   }

@@ -653,6 +653,11 @@ class FullyShardedDataParallel : private remat::Observer {
     if (--u.waiting == 0) release(u);  // every gradient of the unit is final: its parameters are done
   }
 
+  std::string refuses_higher_order() const override {
+    return "FullyShardedDataParallel reduce-scatters first-order gradients across ranks; the graph create_graph "
+           "records and the tangents hvp carries would not be reduced (each rank would differentiate its own share "
+           "alone)";
+  }
   void backward_end(bool completed, bool outermost) override {
     if (!outermost) return;  // a dry run inside a backward is not the step's end
     drop_prefetches();
