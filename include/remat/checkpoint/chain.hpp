@@ -169,7 +169,7 @@ struct ChainRun {
   ChainRun(std::string run_name, const Tensor& x, ReplayModes modes = ReplayModes::compose())
       : name(std::move(run_name)), check_values(modes.check_values), early_stop(modes.early_stop),
         debug(modes.debug), compact(early_stop && !tangents_active()), current(detach_keeping_tangent(x)),
-        input_shape(x.shape()) {
+        input_shape(x.shape()), input_storage(x.storage()), input_version(x.storage()->version()) {
     if (x.requires_grad()) input_meta = x.meta();
   }
 
@@ -207,6 +207,10 @@ struct ChainRun {
   // The chain input's autograd identity (null when it needs no gradient): step 0 is recorded on
   // it, so its gradient arrives in the order, and so to the bits, it would without the chain.
   std::shared_ptr<AutogradMeta<float>> input_meta;
+  // The chain input's values, while something else keeps them (create_graph's replay starts there
+  // when the run holds no copy).
+  std::weak_ptr<Storage> input_storage;
+  std::uint64_t input_version = 0;
 
   /// What the run holds between actions: snapshots, recorded steps (their graphs) and the steps
   /// held compactly (compact_records.hpp), rebuilt as they are reversed.
@@ -323,14 +327,11 @@ struct ChainRun {
     // The snapshots kept in forward are held by the run; the node saves nothing of its own.
     record<float>(std::move(node_name), {x}, {&out}, {}, [run](BackwardContext<float>& ctx) {
       // A backward carrying tangents (hvp) runs the plan as any other, its replays carrying the
-      // snapshots' tangents; one recording its ops could not reach the chain's input through
-      // the snapshots, which are cut from the graph.
+      // snapshots' tangents. One recording its ops (create_graph) could not reach the chain's
+      // input through the snapshots, which are cut from the graph: it replays the steps connected.
       const bool tangent_walk = session().tangent_walk;
-      REMAT_CHECK(!ctx.create_graph() || tangent_walk,
-                  "{}: create_graph through a chain schedule is not available yet: its snapshots are cut from the "
-                  "graph a second differentiation would walk. hvp() (forward-over-reverse) runs through every chain "
-                  "schedule, grad(create_graph) through checkpoint()", run->name);
       run->first.outside_reads.check_versions(run->name);
+      if (ctx.create_graph() && !tangent_walk) return run->backward_recorded(ctx);
       run->grad = tangent_walk ? ctx.grad_output() : copy_of(ctx.grad_output());
       run->retaining = ctx.retain_graph();
       try {
@@ -357,6 +358,46 @@ struct ChainRun {
       }
     });
     return out;
+  }
+
+  /// The backward of a walk that records its ops (create_graph): the steps replayed once onto the
+  /// tape being walked, each on the last one's output, from x_0 carrying the chain input's identity
+  /// (as checkpoint() replays a segment), then walked recording their backward. A second
+  /// differentiation follows that graph to the parameters and the input. The schedule is not used:
+  /// the walk keeps every step's graph, as an unchecked run would, and the snapshots stay for a
+  /// later first-order walk (the graph is retained).
+  void backward_recorded(BackwardContext<float>& ctx) {
+    RecordedRun replay(current_tape());
+    Tensor h = ctx.as_input(0, start_state());
+    Tensor y = replay.record([&] {
+      const auto L = static_cast<std::int64_t>(steps.size());
+      for (std::int64_t i = 0; i < L; ++i) {
+        const auto position_now = Install<&Session::chain_position>(ChainPosition{this, i, i + 1 < L ? i + 1 : -1});
+        h = run_step(i, h);
+      }
+      return h;
+    });
+    replay.backward({&y}, {ctx.grad_output()});
+  }
+
+  /// x_0's values as the run holds them: its snapshot, what step 0's record holds of its input, or
+  /// the chain's input itself while it lives unchanged.
+  Tensor start_state() const {
+    if (const auto it = held.kept.find(0); it != held.kept.end()) return it->second.value->load().detach();
+    if (const auto it = held.recorded.find(0); it != held.recorded.end())
+      return Tensor(it->second.input.storage(), input_shape);
+    if (held.compact_records.has(0))
+      if (const CompactRecords::Step step = held.compact_records.get(0); step.input) {
+        const std::string who = fmt::format("{}: x_0 (shape {}), which step 0 reads,", name, input_shape);
+        return Tensor(step.input->saved.ref(who.c_str()).storage, input_shape);
+      }
+    const std::shared_ptr<Storage> input = input_storage.lock();
+    REMAT_CHECK(input != nullptr, "{}: create_graph replays the chain from its input x_0 (shape {}), which nothing "
+                "holds any more (no snapshot of it, no step's backward reads it, and the tensor is gone); keep the "
+                "chain's input alive until the second differentiation", name, input_shape);
+    REMAT_CHECK(input->version() == input_version, "{}: create_graph replays the chain from its input x_0 (shape {}), "
+                "which was modified in place after the chain read it", name, input_shape);
+    return Tensor(input, input_shape);
   }
 
   /// Runs the forward part of the plan: its first forward_actions actions.
