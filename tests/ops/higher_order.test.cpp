@@ -362,9 +362,13 @@ TEST_CASE("hvp: forward-over-reverse through every op's backward equals double b
   for (const Case& c : recordable_ops()) {
     INFO(c.name);
     Generator g(23);
-    // A scalar of the op's output: ⟨f(x), w⟩, whose Hessian sees every second partial.
+    // A scalar of the op's output: ⟨f(x)², w⟩, whose Hessian sees every second partial, and
+    // whose gradient at f(x) carries a tangent into the op's backward (⟨f(x), w⟩'s would not).
     const DoubleTensor w = randn<double>(c.f(c.inputs).shape(), g);
-    const auto scalar = [&](const std::vector<DoubleTensor>& x) { return sum(c.f(x) * w); };
+    const auto scalar = [&](const std::vector<DoubleTensor>& x) {
+      const DoubleTensor y = c.f(x);
+      return sum(y * y * w);
+    };
     std::vector<DoubleTensor> v;
     for (const DoubleTensor& x : c.inputs) v.push_back(randn<double>(x.shape(), g));
     const auto [value, products] = hvp(scalar, c.inputs, v);

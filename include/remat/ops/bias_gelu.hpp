@@ -22,7 +22,8 @@ inline const OpId bias_gelu = register_op("bias_gelu", tangent_rule);
 /// With a = x + bias and g = dy ⊙ gelu'(a):  dx = g,  dbias = Σ_rows g, in one pass over the rows.
 /// Saves: x and bias (a is rebuilt row by row in backward; no (..., C) tensor beyond x is kept).
 /// Recorded (create_graph), the backward is its unfused composition: a = x + bias, the GELU
-/// derivative's formula on tensors, and sum_to_size for dbias.
+/// derivative's formula on tensors, and sum_to_size for dbias. Carrying tangents (hvp's backward),
+/// it is the fused backward, bit for bit, with its gradients' tangents from one more pass.
 /// Dtype: float32, float64; bfloat16 computes in float32, rounds the result (ops/detail/dtype.hpp).
 template <class T>
 BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
@@ -54,7 +55,46 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
     if (detail::grad_needed(x, bias))
       detail::record<T>(op::bias_gelu, {x, bias}, {&y}, {x, bias}, [c, rows, tanh](detail::BackwardContext<T>& ctx) {
         const BasicTensor<T> xs = ctx.saved(0), bs = ctx.saved(1);
-        if (ctx.create_graph()) {
+        // Carrying tangents (hvp): the first-order kernel's gradients, bit for bit, each with its
+        // tangent t(g) = t(dy) GELU'(a) + dy GELU''(a) (tx + tb) from one fused pass.
+        BasicTensor<T> tg, tdb;
+        if (ctx.create_graph() && detail::session().tangent_walk) {
+          const BasicTensor<T> tdy = detail::tangent_of(ctx.grad_output());
+          const BasicTensor<T> tx = ctx.needs_grad(0) ? detail::tangent_of(ctx.as_input(0, xs)) : BasicTensor<T>();
+          const BasicTensor<T> tb = ctx.needs_grad(1) ? detail::tangent_of(ctx.as_input(1, bs)) : BasicTensor<T>();
+          if (tdy.defined() || tx.defined() || tb.defined()) {
+            tg = BasicTensor<T>(xs.shape());
+            using Vec = detail::ConstArrayMap<T>;
+            using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
+            const T* pdy = ctx.grad_output().cdata();
+            auto row = [&](std::int64_t i) {
+              const std::int64_t o = i * c;
+              const Row a = Vec(xs.cdata() + o, c) + Vec(bs.cdata(), c);
+              detail::ArrayMap<T> out(tg.data() + o, c);
+              out.setZero();
+              if (tdy.defined()) out = tanh ? Row(F::tanh_grad(Vec(tdy.cdata() + o, c), a))
+                                            : Row(F::exact_grad(Vec(tdy.cdata() + o, c), a));
+              if (tx.defined() || tb.defined()) {
+                Row ta = Row::Zero(c);
+                if (tx.defined()) ta = Vec(tx.cdata() + o, c);
+                if (tb.defined()) ta += Vec(tb.cdata(), c);
+                out += Vec(pdy + o, c) * (tanh ? F::tanh_second(a) : F::exact_second(a)) * ta;
+              }
+            };
+            if (ctx.needs_grad(1)) {
+              tdb = BasicTensor<T>(Shape{c});
+              detail::column_sums(rows, c, tdb.data(), [&](std::int64_t i, T* acc) {
+                row(i);
+                detail::ArrayMap<T>(acc, c) += Vec(tg.cdata() + i * c, c);
+              });
+            } else {
+              parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                           [&](std::int64_t r0, std::int64_t r1) {
+                             for (std::int64_t i = r0; i < r1; ++i) row(i);
+                           });
+            }
+          }
+        } else if (ctx.create_graph()) {
           const BasicTensor<T> a = ctx.as_input(0, xs) + ctx.as_input(1, bs);
           const BasicTensor<T> g = tanh ? F::tanh_grad(ctx.grad_output(), a) : F::exact_grad(ctx.grad_output(), a);
           if (ctx.needs_grad(1)) ctx.accumulate(1, sum_to_size(g, Shape{c}));
@@ -95,6 +135,7 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
             row_grad(i);
             detail::ArrayMap<T>(acc, c) += detail::ConstArrayMap<T>(pdx + i * c, c);
           });
+          if (tdb.defined()) detail::set_tangent(db, tdb);
           ctx.accumulate(1, std::move(db));
         } else {
           parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
@@ -102,13 +143,28 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
                          for (std::int64_t i = r0; i < r1; ++i) row_grad(i);
                        });
         }
-        if (ctx.needs_grad(0)) ctx.accumulate(0, std::move(dx));
+        if (ctx.needs_grad(0)) {
+          if (tg.defined()) detail::set_tangent(dx, tg);
+          ctx.accumulate(0, std::move(dx));
+        }
       });
     // The tangent: GELU's derivative at a = x + bias times a's tangent, tx + tb on every row.
+    // One pass over the rows, a rebuilt as the forward's.
     detail::push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<T>& tb) {
-      const BasicTensor<T> ta = detail::tangent_sum(tx, tb.defined() ? broadcast_to(tb, x.shape()) : BasicTensor<T>());
-      const BasicTensor<T> a = x + bias;
-      return BasicTensor<T>(tanh ? F::tanh_grad(ta, a) : F::exact_grad(ta, a));
+      BasicTensor<T> t(x.shape());
+      using Vec = detail::ConstArrayMap<T>;
+      using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
+      parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
+                   [&](std::int64_t r0, std::int64_t r1) {
+                     for (std::int64_t i = r0; i < r1; ++i) {
+                       const Row a = Vec(x.cdata() + i * c, c) + Vec(bias.cdata(), c);
+                       Row ta = Row::Zero(c);
+                       if (tx.defined()) ta = Vec(tx.cdata() + i * c, c);
+                       if (tb.defined()) ta += Vec(tb.cdata(), c);
+                       detail::ArrayMap<T>(t.data() + i * c, c) = tanh ? Row(F::tanh_grad(ta, a)) : Row(F::exact_grad(ta, a));
+                     }
+                   });
+      return t;
     }, x, bias);
     return y;
   }

@@ -1,5 +1,7 @@
 #pragma once
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "remat/core/random.hpp"
 #include "remat/core/threads.hpp"
@@ -37,6 +39,50 @@ void apply_dropout_mask(const T* in, T* out, std::int64_t n, float p, T scale, G
   });
 }
 
+/// Which elements the last draw kept, inside a dual level on this thread: forward mode applies a
+/// mask to a value and to its tangent, and hvp's backward applies attention's to two values and
+/// their tangents, so one draw, rebuilt once and read from here, serves each of them (the bits of
+/// apply_dropout_mask). Draws above kKeepCacheElements are rebuilt each time instead.
+struct DropoutKeepCache {
+  static constexpr std::int64_t kKeepCacheElements = std::int64_t{1} << 22;  // 4 MB of flags at most
+  Generator::State state{};
+  float threshold = -1.0f;
+  std::int64_t n = -1;
+  std::vector<std::uint8_t> keep;
+};
+
+inline DropoutKeepCache& dropout_keep_cache() {
+  thread_local DropoutKeepCache cache;
+  return cache;
+}
+
+/// apply_dropout_mask through this thread's DropoutKeepCache.
+template <class T>
+void apply_dropout_mask_cached(const T* in, T* out, std::int64_t n, float p, T scale, Generator::State state) {
+  DropoutKeepCache& c = dropout_keep_cache();
+  if (c.n != n || c.threshold != p || !(c.state == state)) {
+    c.keep.resize(static_cast<std::size_t>(n));
+    std::uint8_t* keep = c.keep.data();
+    const auto blocks = static_cast<std::int64_t>(uniform24_blocks(static_cast<std::uint64_t>(n)));
+    parallel_for(blocks, kDropoutGrain / 4, [&](std::int64_t b0, std::int64_t b1) {
+      for_each_uniform24_run(state, static_cast<std::uint64_t>(4 * b0), static_cast<std::uint64_t>(std::min(4 * b1, n)),
+                             [keep, p](std::uint64_t i, const float* u, std::uint64_t m) {
+                               for (std::uint64_t j = 0; j < m; ++j) keep[i + j] = u[j] >= p;
+                             });
+    });
+    c.n = n;
+    c.threshold = p;
+    c.state = state;
+  }
+  const std::uint8_t* keep = c.keep.data();
+  parallel_for(n, kElementGrain, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const T kept = in[i] * scale;
+      out[i] = keep[i] ? kept : T(0);
+    }
+  });
+}
+
 /// x with `draw`'s mask applied, kept elements scaled: dropout's forward and, the map being
 /// linear, its backward too, which a backward that records its ops (create_graph) records as
 /// this same op (its gradient, again the mask).
@@ -45,7 +91,10 @@ BasicTensor<T> apply_dropout(const BasicTensor<T>& x, const DropoutDraw<T>& draw
   const std::int64_t n = x.numel();
   BasicTensor<T> y = produce<T>(op::dropout, x.shape(), static_cast<double>(n), {x}, [=] {
     BasicTensor<T> out(x.shape());
-    apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
+    if (session().dual_level != nullptr && n <= DropoutKeepCache::kKeepCacheElements)
+      apply_dropout_mask_cached(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
+    else
+      apply_dropout_mask(x.data(), out.data(), n, draw.threshold, draw.scale, draw.at_entry);
     return out;
   });
   if (grad_needed(x))

@@ -13,8 +13,13 @@
 // Recorded (create_graph), the backward is the same formula in tensor ops, with μ and r computed
 // again from x by mean, sub, mul, sqrt and rdiv (the saved ones are values without a graph, and
 // a second derivative must reach x through them): equal to the fused backward to rounding, not bit
-// for bit (its row sums are Eigen's, in another order).
+// for bit (its row sums are Eigen's, in another order). Carrying tangents (hvp's backward), it is
+// the fused backward, bit for bit, and its gradients' tangents come from one more pass over the
+// rows (layer_norm_backward_tangents); the forward's tangent reuses the forward's μ and r.
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <vector>
 
 #include "remat/core/produce.hpp"
 #include "remat/core/threads.hpp"
@@ -38,6 +43,95 @@ namespace detail {
 /// Whether layer_norm takes parameters of element type P for an input of element type T.
 template <class T, class P>
 inline constexpr bool layer_norm_params = std::is_same_v<P, T> || (is_bfloat16<T> && std::is_same_v<P, float>);
+
+/// The tangents of layer_norm's gradients in a backward carrying tangents (hvp), in one pass over
+/// the rows: x (n, c) with its rows' μ and r, w (null: none), dy, and the tangents tdy, tx, tw
+/// (null: zero). Per row, with g = dy w, h = g − mean(g) − x̂ mean(g x̂) (so dx = r h):
+///   t(x̂) = r (tx − mean(tx) − x̂ mean(x̂ tx)),   t(r) = −r² mean(x̂ tx),   t(g) = tdy w + dy tw,
+///   t(dx) = t(r) h + r (t(g) − mean(t(g)) − t(x̂) mean(g x̂) − x̂ (mean(t(g) x̂) + mean(g t(x̂)))),
+///   t(dw) = Σ_rows tdy x̂ + dy t(x̂),   t(db) = Σ_rows tdy.
+/// The same formulas the backward's ops carry tangents through, without a tensor per term. Each
+/// output pointer may be null (not wanted); tdw and tdb are c values each.
+template <class T>
+void layer_norm_backward_tangents(std::int64_t n, std::int64_t c, const T* x, const T* mean, const T* rstd, const T* w,
+                                  const T* dy, const T* tdy, const T* tx, const T* tw, T* tdx, T* tdw, T* tdb) {
+  using Vec = ConstArrayMap<T>;
+  using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
+  const T inv_c = T(1) / static_cast<T>(c);
+  auto row = [&](std::int64_t i, T* acc_w, T* acc_b) {
+    const std::int64_t o = i * c;
+    const T r = rstd[i];
+    const Row xhat = (Vec(x + o, c) - mean[i]) * r;
+    const Vec d(dy + o, c);
+    Row txhat;
+    T tr = 0;
+    if (tx) {
+      const Vec t(tx + o, c);
+      const T m_xt = (xhat * t).sum() * inv_c;
+      txhat = ((t - t.sum() * inv_c) - xhat * m_xt) * r;
+      tr = -r * r * m_xt;
+    }
+    if (acc_w) {
+      if (tdy) ArrayMap<T>(acc_w, c) += Vec(tdy + o, c) * xhat;
+      if (tx) ArrayMap<T>(acc_w, c) += d * txhat;
+    }
+    if (acc_b && tdy) ArrayMap<T>(acc_b, c) += Vec(tdy + o, c);
+    if (!tdx) return;
+    ArrayMap<T> out(tdx + o, c);
+    const Row g = w ? Row(d * Vec(w, c)) : Row(d);
+    const T m_gx = (g * xhat).sum() * inv_c;
+    out.setZero();
+    if (tx) {
+      const Row h = (g - g.sum() * inv_c) - xhat * m_gx;
+      out = tr * h - r * (txhat * m_gx + xhat * ((g * txhat).sum() * inv_c));
+    }
+    if (tdy || tw) {
+      Row tg = Row::Zero(c);
+      if (tdy) tg = w ? Row(Vec(tdy + o, c) * Vec(w, c)) : Row(Vec(tdy + o, c));
+      if (tw) tg += d * Vec(tw, c);
+      out += r * ((tg - tg.sum() * inv_c) - xhat * ((tg * xhat).sum() * inv_c));
+    }
+  };
+  if (tdw || tdb) {
+    const std::int64_t width = (tdw ? c : 0) + (tdb ? c : 0);
+    std::vector<T> sums(static_cast<std::size_t>(width));
+    column_sums(n, width, sums.data(), [&](std::int64_t i, T* acc) {
+      row(i, tdw ? acc : nullptr, tdb ? acc + (tdw ? c : 0) : nullptr);
+    });
+    if (tdw) std::copy(sums.begin(), sums.begin() + c, tdw);
+    if (tdb) std::copy(sums.begin() + (tdw ? c : 0), sums.end(), tdb);
+  } else if (tdx) {
+    parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t i = r0; i < r1; ++i) row(i, nullptr, nullptr);
+    });
+  }
+}
+
+/// The tangent of y = x̂ w + b (forward mode) from the forward's μ and r, in one pass over the rows:
+/// t(y) = r (tx − mean(tx) − x̂ mean(x̂ tx)) w + x̂ tw + tb, each term where its tangent is given.
+template <class T>
+void layer_norm_tangent(std::int64_t n, std::int64_t c, const T* x, const T* mean, const T* rstd, const T* w,
+                        const T* tx, const T* tw, const T* tb, T* ty) {
+  using Vec = ConstArrayMap<T>;
+  using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
+  const T inv_c = T(1) / static_cast<T>(c);
+  parallel_for(n, std::max<std::int64_t>(1, kElementGrain / c), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t i = r0; i < r1; ++i) {
+      const std::int64_t o = i * c;
+      const T r = rstd[i];
+      const Row xhat = (Vec(x + o, c) - mean[i]) * r;
+      ArrayMap<T> out(ty + o, c);
+      out.setZero();
+      if (tx) {
+        const Vec t(tx + o, c);
+        const Row txhat = ((t - t.sum() * inv_c) - xhat * ((xhat * t).sum() * inv_c)) * r;
+        out = w ? Row(txhat * Vec(w, c)) : txhat;
+      }
+      if (tw) out += xhat * Vec(tw, c);
+      if (tb) out += Vec(tb, c);
+    }
+  });
+}
 }  // namespace detail
 
 /// Over the last dim of size C, per row:  μ = mean(x), r = 1/√(var(x) + eps) (biased variance),
@@ -100,7 +194,27 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight,
           op::layer_norm, {x, weight, bias}, {&y}, std::move(saved),
           [c, eps, has_weight = weight.defined()](detail::BackwardContext<T>& ctx) {
             const BasicTensor<T> xv = ctx.saved(0), mv = ctx.saved(1), rv = ctx.saved(2);
-            if (ctx.create_graph()) {
+            // Carrying tangents (hvp): the first-order kernel's gradients, bit for bit, each with
+            // its tangent from one fused pass (the formulas in ops give the same to rounding).
+            std::array<BasicTensor<T>, 3> tangents;
+            if (ctx.create_graph() && detail::session().tangent_walk) {
+              const BasicTensor<T> tdy = detail::tangent_of(ctx.grad_output());
+              const BasicTensor<T> tx = ctx.needs_grad(0) ? detail::tangent_of(ctx.as_input(0, xv)) : BasicTensor<T>();
+              const BasicTensor<T> tw = has_weight && ctx.needs_grad(0) && ctx.needs_grad(1)
+                                            ? detail::tangent_of(ctx.as_input(1, ctx.saved(3)))
+                                            : BasicTensor<T>();
+              const BasicTensor<T> wv = has_weight ? ctx.saved(3) : BasicTensor<T>();
+              const std::int64_t n = c ? xv.numel() / c : 0;
+              const bool any = tdy.defined() || tx.defined() || tw.defined();
+              for (std::size_t i = 0; i < 3; ++i)
+                if (any && ctx.needs_grad(i)) tangents[i] = BasicTensor<T>(i == 0 ? xv.shape() : Shape{c});
+              const auto ptr = [](const BasicTensor<T>& t) { return t.defined() ? t.cdata() : nullptr; };
+              if (any)
+                detail::layer_norm_backward_tangents<T>(n, c, xv.cdata(), mv.cdata(), rv.cdata(), ptr(wv), ctx.grad_output().cdata(),
+                                                        ptr(tdy), ptr(tx), ptr(tw), tangents[0].defined() ? tangents[0].data() : nullptr,
+                                                        tangents[1].defined() ? tangents[1].data() : nullptr,
+                                                        tangents[2].defined() ? tangents[2].data() : nullptr);
+            } else if (ctx.create_graph()) {
               const BasicTensor<T>& dy = ctx.grad_output();
               const BasicTensor<T> xs = ctx.as_input(0, xv);
               const BasicTensor<T> centred = xs - remat::mean(xs, -1, true);
@@ -151,11 +265,13 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight,
               if (need_dw) {
                 BasicTensor<T> dw(Shape{c});
                 detail::ArrayMap<T>(dw.data(), c) = Vec(sums.cdata(), c);
+                if (tangents[1].defined()) detail::set_tangent(dw, tangents[1]);
                 ctx.accumulate(1, std::move(dw));
               }
               if (need_db) {
                 BasicTensor<T> db(Shape{c});
                 detail::ArrayMap<T>(db.data(), c) = Vec(sums.cdata() + (need_dw ? c : 0), c);
+                if (tangents[2].defined()) detail::set_tangent(db, tangents[2]);
                 ctx.accumulate(2, std::move(db));
               }
             } else if (need_dx) {
@@ -164,21 +280,20 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight,
                              for (std::int64_t i = r0; i < r1; ++i) row(i, nullptr, nullptr);
                            });
             }
-            if (need_dx) ctx.accumulate(0, std::move(dx));
+            if (need_dx) {
+              if (tangents[0].defined()) detail::set_tangent(dx, tangents[0]);
+              ctx.accumulate(0, std::move(dx));
+            }
           });
     }
     // The tangent: x̂ = (x − μ) r moves by r ((tx − mean tx) − x̂ mean(x̂ tx)); y = x̂ w + b.
+    // One pass over the rows with the forward's μ and r (layer_norm_tangent).
+    const BasicTensor<T> row_mean = mean, row_rstd = rstd;
     detail::push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<W>& tw, const BasicTensor<B>& tb) {
-      const BasicTensor<T> centred = x - remat::mean(x, -1, true);
-      const BasicTensor<T> r = rdiv(sqrt(remat::mean(centred * centred, -1, true) + eps), 1.0);
-      const BasicTensor<T> xhat = centred * r;
-      BasicTensor<T> t;
-      if (tx.defined()) {
-        t = ((tx - remat::mean(tx, -1, true)) - xhat * remat::mean(xhat * tx, -1, true)) * r;
-        if (weight.defined()) t = t * weight;
-      }
-      if (tw.defined()) t = detail::tangent_sum(t, BasicTensor<T>(xhat * tw));
-      if (tb.defined()) t = detail::tangent_sum(t, broadcast_to(tb, x.shape()));
+      BasicTensor<T> t(x.shape());
+      const auto ptr = [](const auto& v) { return v.defined() ? v.cdata() : nullptr; };
+      detail::layer_norm_tangent<T>(n, c, x.cdata(), row_mean.cdata(), row_rstd.cdata(), ptr(weight), ptr(tx), ptr(tw),
+                                    ptr(tb), t.data());
       return t;
     }, x, weight, bias);
     return y;

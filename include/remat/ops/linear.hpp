@@ -98,10 +98,22 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
   }
   // The tangent: bilinear in x and W, plus the bias's tangent on every row.
   push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<T>& tw, const BasicTensor<T>& tb) {
-    BasicTensor<T> t = tx.defined() ? remat::linear(tx, weight) : BasicTensor<T>();
-    if (tw.defined()) t = tangent_sum(t, remat::linear(x, tw));
-    if (tb.defined()) t = tangent_sum(t, broadcast_to(tb, y.shape()));
-    return t;
+    if constexpr (!std::is_same_v<E, T>) {  // under autocast: the products as the forward's
+      BasicTensor<T> t = tx.defined() ? remat::linear(tx, weight) : BasicTensor<T>();
+      if (tw.defined()) t = tangent_sum(t, remat::linear(x, tw));
+      if (tb.defined()) t = tangent_sum(t, broadcast_to(tb, y.shape()));
+      return t;
+    } else {
+      // One buffer: tx Wᵀ, then x twᵀ added by the second GEMM, then the bias's tangent.
+      BasicTensor<T> t{y.shape()};
+      if (tx.defined()) gemm(false, true, rows, out, in, tx.cdata(), in, weight.cdata(), in, t.data(), out);
+      if (tw.defined()) gemm(false, true, rows, out, in, x.cdata(), in, tw.cdata(), in, t.data(), out, tx.defined());
+      if (tb.defined()) {
+        if (tx.defined() || tw.defined()) matrix(t, out).rowwise() += flat(tb).matrix().transpose();
+        else matrix(t, out).rowwise() = flat(tb).matrix().transpose();
+      }
+      return t;
+    }
   }, x, weight, bias);
   return y;
 }

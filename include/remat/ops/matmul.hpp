@@ -73,6 +73,28 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
 
 namespace detail {
 
+/// out = (or += when `accumulate`) op(A) op(B), batched and folded as matmul is, on arrays: forward
+/// mode's tangent dA op(B) + op(A) dB summed in one buffer (the second GEMM adds into the first's
+/// output), with no tensor per term and no pass to add them.
+template <class T>
+void matmul_into(const BasicTensor<T>& a, const BasicTensor<T>& b, bool ta, bool tb, T* out, bool accumulate) {
+  const std::int64_t M = a.size(ta ? -1 : -2), K = a.size(ta ? -2 : -1), N = b.size(tb ? -2 : -1);
+  const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  if (b.dim() == 2 && !ta) {
+    std::int64_t rows = 1;  // all of A's leading dims, folded
+    for (int d = 0; d + 1 < a.dim(); ++d) rows *= a.size(d);
+    gemm(false, tb, rows, N, K, a.cdata(), K, b.cdata(), ldb, out, N, accumulate);
+    return;
+  }
+  const MatmulBatches batches = matmul_batches(a.shape(), b.shape());
+  const T* pa = a.cdata();
+  const T* pb = b.cdata();
+  for_each_batch(batches, M * N * K, [&](std::int64_t i) {
+    const auto u = static_cast<std::size_t>(i);
+    gemm(ta, tb, M, N, K, pa + batches.a_offset[u], lda, pb + batches.b_offset[u], ldb, out + i * M * N, N, accumulate);
+  });
+}
+
 /// matmul over operands in element type E (T itself, or bfloat16 under autocast): ae and be are a
 /// and b as the GEMM reads them, and what the node saves.
 template <class T, class E>
@@ -233,8 +255,15 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
     if (!c.defined()) c = detail::matmul_with<T, T>(a, b, a, b, ta, tb);
     // The tangent: bilinear, dA op(B) + op(A) dB with the same transposes.
     detail::push_tangent(c, [&](const BasicTensor<T>& da, const BasicTensor<T>& db) {
-      return detail::tangent_sum(da.defined() ? matmul(da, b, ta, tb) : BasicTensor<T>(),
-                                 db.defined() ? matmul(a, db, ta, tb) : BasicTensor<T>());
+      if constexpr (detail::kAutocasts<T>) {
+        if (is_autocast_enabled())  // the products as the forward's, on bfloat16 copies
+          return detail::tangent_sum(da.defined() ? matmul(da, b, ta, tb) : BasicTensor<T>(),
+                                     db.defined() ? matmul(a, db, ta, tb) : BasicTensor<T>());
+      }
+      BasicTensor<T> t(c.shape());
+      if (da.defined()) detail::matmul_into(da, b, ta, tb, t.data(), false);
+      if (db.defined()) detail::matmul_into(a, db, ta, tb, t.data(), da.defined());
+      return t;
     }, a, b);
     return c;
   }
