@@ -4,7 +4,7 @@
 // inside the dual level, where each op's backward computes in ops whose tangent rules carry the
 // tangents into the gradients. The gradient's tangent is H·v. Nothing of the first backward is
 // kept (no create_graph), and a checkpointed segment replays with its tangents. Measured on a small
-// GPT (bench_hvp_step): 3.4-4.0x a gradient's time and 2.6-2.8x its peak bytes, against 3.4-4.1x
+// GPT (bench_hvp_step): 2.9-3.1x a gradient's time and 2.1-2.5x its peak bytes, against 3.7-3.8x
 // and 5.0-6.9x for double backward; the tangents live in the autograd metadata the graph holds.
 
 #include <utility>
