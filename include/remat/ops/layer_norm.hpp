@@ -208,12 +208,12 @@ BasicTensor<T> layer_norm(const BasicTensor<T>& x, const BasicTensor<W>& weight,
               const bool any = tdy.defined() || tx.defined() || tw.defined();
               for (std::size_t i = 0; i < 3; ++i)
                 if (any && ctx.needs_grad(i)) tangents[i] = BasicTensor<T>(i == 0 ? xv.shape() : Shape{c});
-              const auto ptr = [](const BasicTensor<T>& t) { return t.defined() ? t.cdata() : nullptr; };
+              const auto in = [](const BasicTensor<T>& t) { return t.defined() ? t.cdata() : nullptr; };
+              const auto out = [](BasicTensor<T>& t) { return t.defined() ? t.data() : nullptr; };
               if (any)
-                detail::layer_norm_backward_tangents<T>(n, c, xv.cdata(), mv.cdata(), rv.cdata(), ptr(wv), ctx.grad_output().cdata(),
-                                                        ptr(tdy), ptr(tx), ptr(tw), tangents[0].defined() ? tangents[0].data() : nullptr,
-                                                        tangents[1].defined() ? tangents[1].data() : nullptr,
-                                                        tangents[2].defined() ? tangents[2].data() : nullptr);
+                detail::layer_norm_backward_tangents<T>(n, c, xv.cdata(), mv.cdata(), rv.cdata(), in(wv),
+                                                        ctx.grad_output().cdata(), in(tdy), in(tx), in(tw),
+                                                        out(tangents[0]), out(tangents[1]), out(tangents[2]));
             } else if (ctx.create_graph()) {
               const BasicTensor<T>& dy = ctx.grad_output();
               const BasicTensor<T> xs = ctx.as_input(0, xv);
