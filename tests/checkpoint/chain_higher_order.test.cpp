@@ -75,14 +75,6 @@ std::vector<Placement> placements(const Chain& c, const std::string& dir) {
   return out;
 }
 
-void require_bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const char* what) {
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO(what << " " << i);
-    CHECK(a[i].to_vector() == b[i].to_vector());
-  }
-}
-
 }  // namespace chain_second_order
 
 using chain_second_order::Chain;
@@ -110,7 +102,7 @@ TEST_CASE("jvp through every chain schedule: the final state's tangent bitwise t
   const std::vector<Tensor> reference = result({"plain", std::nullopt, 0});
   for (const Placement& how : chain_second_order::placements(c, dir.path)) {
     INFO(how.name);
-    chain_second_order::require_bitwise(result(how), reference, "state, tangent, gradient");
+    test::require_bitwise(result(how), reference, "state, tangent, gradient");
     CHECK(dir.files().empty());  // the snapshots' files, values and tangents, are gone
   }
 }
@@ -130,7 +122,7 @@ TEST_CASE("hvp through every chain schedule: forward-over-reverse bitwise the pl
   for (const Placement& how : chain_second_order::placements(c, dir.path)) {
     INFO(how.name);
     auto counts = std::make_shared<ChainCounts>();
-    chain_second_order::require_bitwise(products(how, counts), reference, "H·v");
+    test::require_bitwise(products(how, counts), reference, "H·v");
     CHECK(counts->records >= c.steps);
     CHECK(counts->rebuilt == 0);  // inside a dual level every step is recorded in full
     if (how.name == "binomial:2" || how.name == "online:3") {
@@ -185,10 +177,10 @@ TEST_CASE("create_graph through every chain schedule: a gradient penalty's gradi
   for (const Placement& how : chain_second_order::placements(c, dir.path)) {
     INFO(how.name);
     const auto [g, second] = penalty(how);
-    chain_second_order::require_bitwise(g, plain.first, "first derivative");
+    test::require_bitwise(g, plain.first, "first derivative");
     // Every schedule replays the steps connected, the same ops: the same bits.
     if (!first_schedule) first_schedule = second;
-    chain_second_order::require_bitwise(second, *first_schedule, "penalty gradient");
+    test::require_bitwise(second, *first_schedule, "penalty gradient");
     // Against the plain loop: the part entering the chain through its output takes the chain's
     // own node, the rest the recorded replay (two sums where the plain loop has one).
     double worst = 0, scale = 0;

@@ -85,13 +85,6 @@ Run second_order(Quantity q, const std::function<std::any()>& store = {},
   return r;
 }
 
-bool bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].to_vector() != b[i].to_vector()) return false;
-  return true;
-}
-
 /// ‖a − b‖ / ‖a‖ over all tensors together.
 double relative_gap(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   double diff = 0, norm = 0;
@@ -132,7 +125,7 @@ TEST_CASE("second order under a memory budget: bitwise the unbudgeted results, e
       }
       REQUIRE(error.empty());
       CHECK(r.peak_saved <= budget);
-      CHECK(bitwise(r.values, free_run.values));
+      test::require_bitwise(r.values, free_run.values, "result");
       if (percent < 100) CHECK(r.log.recomputes > 0);
     }
   }
@@ -153,7 +146,7 @@ TEST_CASE("second order with Offload: bitwise the in-RAM results, files written 
       return std::shared_ptr<void>(nullptr, [offload, &written](void*) { written = offload->stats().files_written; });
     });
     CHECK(written > 0);
-    CHECK(bitwise(offloaded.values, in_ram.values));
+    test::require_bitwise(offloaded.values, in_ram.values, "result");
     CHECK(offloaded.peak_saved < in_ram.peak_saved);
   }
   CHECK(dir.files().empty());
@@ -172,7 +165,7 @@ TEST_CASE("second order with a store of the user's own, and with SaveInBFloat16"
           [](const std::any& p) -> AnyTensor { return std::any_cast<const Tensor&>(p); });
     });
     CHECK(packed > 0);
-    CHECK(bitwise(copied.values, in_ram.values));
+    test::require_bitwise(copied.values, in_ram.values, "result");
     // Lossy by design: saved activations rounded to 16 bits.
     const Run rounded = second_order(q, [] { return std::make_shared<SaveInBFloat16>(); });
     const double gap = relative_gap(in_ram.values, rounded.values);

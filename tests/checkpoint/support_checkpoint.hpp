@@ -56,6 +56,16 @@ inline Agreement against_differences(const std::vector<Tensor>& hvp, const std::
   return a;
 }
 
+/// Each tensor of `a` bitwise its counterpart in `b` (one CHECK per tensor, `what` and the index
+/// in its message).
+inline void require_bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const char* what) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(what << " " << i);
+    CHECK(a[i].to_vector() == b[i].to_vector());
+  }
+}
+
 /// Every parameter's gradient, in named_parameters order, copied out.
 inline std::vector<std::vector<float>> gradients(nn::Module& m) {
   std::vector<std::vector<float>> out;

@@ -3,6 +3,7 @@
 // (the Transformer MLP's first layer), as Megatron's bias_gelu fusion. Unfused, the biased
 // pre-activation is written, read back by gelu, and its gradient read again for the bias sum.
 
+#include <utility>
 #include <vector>
 
 #include "remat/ops/add.hpp"
@@ -17,6 +18,22 @@ namespace op {
 inline const OpId bias_gelu = register_op("bias_gelu", tangent_rule);
 }  // namespace op
 
+
+namespace detail {
+/// Row i of a = x + bias (c values) and of its tangent tx + tb (either may be undefined), as
+/// bias_gelu's forward-mode rule and its backward carrying tangents rebuild them.
+template <class T>
+std::pair<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Array<T, Eigen::Dynamic, 1>> bias_gelu_row_and_tangent(
+    const BasicTensor<T>& x, const BasicTensor<T>& bias, const BasicTensor<T>& tx, const BasicTensor<T>& tb,
+    std::int64_t i, std::int64_t c) {
+  using Vec = ConstArrayMap<T>;
+  Eigen::Array<T, Eigen::Dynamic, 1> a = Vec(x.cdata() + i * c, c) + Vec(bias.cdata(), c);
+  Eigen::Array<T, Eigen::Dynamic, 1> ta = Eigen::Array<T, Eigen::Dynamic, 1>::Zero(c);
+  if (tx.defined()) ta = Vec(tx.cdata() + i * c, c);
+  if (tb.defined()) ta += Vec(tb.cdata(), c);
+  return {std::move(a), std::move(ta)};
+}
+}  // namespace detail
 
 /// y = gelu(x + bias) over the last dim: x (..., C), bias (C,); exact or tanh GELU as gelu().
 /// With a = x + bias and g = dy ⊙ gelu'(a):  dx = g,  dbias = Σ_rows g, in one pass over the rows.
@@ -69,17 +86,13 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
             const T* pdy = ctx.grad_output().cdata();
             auto row = [&](std::int64_t i) {
               const std::int64_t o = i * c;
-              const Row a = Vec(xs.cdata() + o, c) + Vec(bs.cdata(), c);
+              const auto [a, ta] = detail::bias_gelu_row_and_tangent(xs, bs, tx, tb, i, c);
               detail::ArrayMap<T> out(tg.data() + o, c);
               out.setZero();
               if (tdy.defined()) out = tanh ? Row(F::tanh_grad(Vec(tdy.cdata() + o, c), a))
                                             : Row(F::exact_grad(Vec(tdy.cdata() + o, c), a));
-              if (tx.defined() || tb.defined()) {
-                Row ta = Row::Zero(c);
-                if (tx.defined()) ta = Vec(tx.cdata() + o, c);
-                if (tb.defined()) ta += Vec(tb.cdata(), c);
+              if (tx.defined() || tb.defined())
                 out += Vec(pdy + o, c) * (tanh ? F::tanh_second(a) : F::exact_second(a)) * ta;
-              }
             };
             if (ctx.needs_grad(1)) {
               tdb = BasicTensor<T>(Shape{c});
@@ -152,15 +165,11 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
     // One pass over the rows, a rebuilt as the forward's.
     detail::push_tangent(y, [&](const BasicTensor<T>& tx, const BasicTensor<T>& tb) {
       BasicTensor<T> t(x.shape());
-      using Vec = detail::ConstArrayMap<T>;
       using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
       parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(c, 1)),
                    [&](std::int64_t r0, std::int64_t r1) {
                      for (std::int64_t i = r0; i < r1; ++i) {
-                       const Row a = Vec(x.cdata() + i * c, c) + Vec(bias.cdata(), c);
-                       Row ta = Row::Zero(c);
-                       if (tx.defined()) ta = Vec(tx.cdata() + i * c, c);
-                       if (tb.defined()) ta += Vec(tb.cdata(), c);
+                       const auto [a, ta] = detail::bias_gelu_row_and_tangent(x, bias, tx, tb, i, c);
                        detail::ArrayMap<T>(t.data() + i * c, c) = tanh ? Row(F::tanh_grad(ta, a)) : Row(F::exact_grad(ta, a));
                      }
                    });

@@ -44,6 +44,13 @@ namespace detail {
 template <class T, class P>
 inline constexpr bool layer_norm_params = std::is_same_v<P, T> || (is_bfloat16<T> && std::is_same_v<P, float>);
 
+/// x̂'s tangent on one row, r (tx − mean(tx) − x̂ mean(x̂ tx)), and mean(x̂ tx) (which t(r) needs).
+template <class T, class Xhat>
+Eigen::Array<T, Eigen::Dynamic, 1> xhat_tangent(const ConstArrayMap<T>& tx, const Xhat& xhat, T r, T inv_c, T& mean_xt) {
+  mean_xt = (xhat * tx).sum() * inv_c;
+  return ((tx - tx.sum() * inv_c) - xhat * mean_xt) * r;
+}
+
 /// The tangents of layer_norm's gradients in a backward carrying tangents (hvp), in one pass over
 /// the rows: x (n, c) with its rows' μ and r, w (null: none), dy, and the tangents tdy, tx, tw
 /// (null: zero). Per row, with g = dy w, h = g − mean(g) − x̂ mean(g x̂) (so dx = r h):
@@ -66,9 +73,8 @@ void layer_norm_backward_tangents(std::int64_t n, std::int64_t c, const T* x, co
     Row txhat;
     T tr = 0;
     if (tx) {
-      const Vec t(tx + o, c);
-      const T m_xt = (xhat * t).sum() * inv_c;
-      txhat = ((t - t.sum() * inv_c) - xhat * m_xt) * r;
+      T m_xt = 0;
+      txhat = xhat_tangent<T>(Vec(tx + o, c), xhat, r, inv_c, m_xt);
       tr = -r * r * m_xt;
     }
     if (acc_w) {
@@ -123,8 +129,8 @@ void layer_norm_tangent(std::int64_t n, std::int64_t c, const T* x, const T* mea
       ArrayMap<T> out(ty + o, c);
       out.setZero();
       if (tx) {
-        const Vec t(tx + o, c);
-        const Row txhat = ((t - t.sum() * inv_c) - xhat * ((xhat * t).sum() * inv_c)) * r;
+        T m_xt = 0;
+        const Row txhat = xhat_tangent<T>(Vec(tx + o, c), xhat, r, inv_c, m_xt);
         out = w ? Row(txhat * Vec(w, c)) : txhat;
       }
       if (tw) out += xhat * Vec(tw, c);

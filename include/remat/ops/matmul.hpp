@@ -73,11 +73,13 @@ BasicTensor<T> matmul(const BasicTensor<T>& a, const BasicTensor<T>& b, bool tra
 
 namespace detail {
 
-/// out = (or += when `accumulate`) op(A) op(B), batched and folded as matmul is, on arrays: forward
-/// mode's tangent dA op(B) + op(A) dB summed in one buffer (the second GEMM adds into the first's
-/// output), with no tensor per term and no pass to add them.
-template <class T>
-void matmul_into(const BasicTensor<T>& a, const BasicTensor<T>& b, bool ta, bool tb, T* out, bool accumulate) {
+/// out = (or += when `accumulate`) op(A) op(B) over operands in element type E, batched, or folded
+/// into one GEMM when B is 2-D and A not transposed: matmul's forward, and forward mode's tangent
+/// dA op(B) + op(A) dB summed in one buffer (the second GEMM adds into the first's output). `known`:
+/// matmul_batches(a, b), when the caller has it.
+template <class E, class T>
+void matmul_into(const BasicTensor<E>& a, const BasicTensor<E>& b, bool ta, bool tb, T* out, bool accumulate,
+                 const MatmulBatches* known = nullptr) {
   const std::int64_t M = a.size(ta ? -1 : -2), K = a.size(ta ? -2 : -1), N = b.size(tb ? -2 : -1);
   const std::int64_t lda = ta ? M : K, ldb = tb ? K : N;
   if (b.dim() == 2 && !ta) {
@@ -86,9 +88,10 @@ void matmul_into(const BasicTensor<T>& a, const BasicTensor<T>& b, bool ta, bool
     gemm(false, tb, rows, N, K, a.cdata(), K, b.cdata(), ldb, out, N, accumulate);
     return;
   }
-  const MatmulBatches batches = matmul_batches(a.shape(), b.shape());
-  const T* pa = a.cdata();
-  const T* pb = b.cdata();
+  MatmulBatches computed;
+  const MatmulBatches& batches = known ? *known : (computed = matmul_batches(a.shape(), b.shape()));
+  const E* pa = a.cdata();
+  const E* pb = b.cdata();
   for_each_batch(batches, M * N * K, [&](std::int64_t i) {
     const auto u = static_cast<std::size_t>(i);
     gemm(ta, tb, M, N, K, pa + batches.a_offset[u], lda, pb + batches.b_offset[u], ldb, out + i * M * N, N, accumulate);
@@ -119,17 +122,7 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
   const double flops = 2.0 * static_cast<double>(out_shape.numel()) * static_cast<double>(K);
   BasicTensor<T> c = detail::produce<T>(op::matmul, out_shape, flops, {ae, be}, [=] {  // the operands as read
     BasicTensor<T> out(out_shape);
-    if (fold) {
-      detail::gemm(false, tb, N ? out.numel() / N : 0, N, K, ae.cdata(), K, be.cdata(), ldb, out.data(), N);
-    } else {
-      const E* pa = ae.cdata();
-      const E* pb = be.cdata();
-      T* pc = out.data();
-      detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
-        const auto u = static_cast<std::size_t>(i);
-        detail::gemm(ta, tb, M, N, K, pa + batches.a_offset[u], lda, pb + batches.b_offset[u], ldb, pc + i * M * N, N);
-      });
-    }
+    detail::matmul_into(ae, be, ta, tb, out.data(), false, &batches);
     if constexpr (!std::is_same_v<E, T>) detail::round_product_output(out);
     return out;
   });
