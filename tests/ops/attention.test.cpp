@@ -1,4 +1,6 @@
+#include <functional>
 #include <limits>
+#include <vector>
 
 #include "support.hpp"
 
@@ -114,4 +116,120 @@ TEST_CASE("causal_self_attention: a width that does not split into 3 × heads, a
   REQUIRE_ERROR(causal_self_attention(zeros({1, 4, 10}), 2), "causal_self_attention", "(1, 4, 10)", "n_head 2");
   REQUIRE_ERROR(causal_self_attention(zeros({4, 12}), 2), "causal_self_attention", "(4, 12)");
   REQUIRE_ERROR(causal_self_attention(zeros({1, 4, 12}), 2, 1.0), "causal_self_attention", "dropout");
+}
+
+namespace {
+
+/// H·v by double backward (create_graph, then the gradient of ⟨g, v⟩): the reference for hvp.
+std::vector<DoubleTensor> double_backward_hvp(const std::function<DoubleTensor(const std::vector<DoubleTensor>&)>& f,
+                                              const std::vector<DoubleTensor>& inputs,
+                                              const std::vector<DoubleTensor>& v) {
+  std::vector<DoubleTensor> xs;
+  for (const DoubleTensor& x : inputs) xs.push_back(detail::copy_of(x).requires_grad_());
+  GradOptions recorded;
+  recorded.create_graph = true;
+  const std::vector<DoubleTensor> first = grad(f(xs), xs, recorded);
+  DoubleTensor dot;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const DoubleTensor term = sum(first[i] * v[i]);
+    dot = dot.defined() ? dot + term : term;
+  }
+  GradOptions unused;
+  unused.allow_unused = true;
+  // f linear in what is differentiated (⟨y, w⟩ in v alone): a constant gradient, a Hessian of 0.
+  std::vector<DoubleTensor> products = dot.requires_grad() ? grad(dot, xs, unused) : std::vector<DoubleTensor>(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    if (!products[i].defined()) products[i] = zeros<double>(xs[i].shape());
+  return products;
+}
+
+/// The gradient a backward inside a dual level returns (tangents on the inputs): its values, to
+/// compare bit for bit with the plain backward's.
+std::vector<DoubleTensor> gradient_carrying_tangents(
+    const std::function<DoubleTensor(const std::vector<DoubleTensor>&)>& f, const std::vector<DoubleTensor>& inputs,
+    const std::vector<DoubleTensor>& v) {
+  dual_level level;
+  std::vector<DoubleTensor> leaves, duals;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    leaves.push_back(inputs[i].detach().requires_grad_());
+    duals.push_back(make_dual(leaves.back(), v[i]));
+  }
+  std::vector<DoubleTensor> g = grad(f(duals), leaves);
+  for (DoubleTensor& x : g) {
+    REQUIRE(detail::has_tangent(x));
+    x = x.detach();
+  }
+  return g;
+}
+
+}  // namespace
+
+// The fused kernels carrying tangents (the forward's tangent pass, and the backward's gradients
+// with their tangents) take each tangent as present or absent: every subset of q, k, v differentiated
+// (the others constants, with no tangent), with a tangent on the incoming gradient (⟨y², w⟩) and
+// without (⟨y, w⟩, whose gradient at y is w).
+TEST_CASE("causal_attention: hvp through the fused kernels equals double backward for every subset of q, k, v and "
+          "either incoming gradient; the first derivatives are bitwise the plain backward's",
+          "[ops][attention][hvp]") {
+  test::FreshTape fresh;
+  Generator g(31);
+  const std::vector<DoubleTensor> qkv{randn<double>({2, 2, 5, 3}, g), randn<double>({2, 2, 5, 3}, g),
+                                      randn<double>({2, 2, 5, 3}, g)};
+  const DoubleTensor w = randn<double>({2, 2, 5, 3}, g);
+  for (int subset = 1; subset < 8; ++subset) {
+    for (const bool squared : {true, false}) {
+      std::vector<std::size_t> which;
+      for (std::size_t i = 0; i < 3; ++i)
+        if ((subset >> i) & 1) which.push_back(i);
+      INFO("inputs differentiated (bits of q, k, v): " << subset << (squared ? ", <y^2, w>" : ", <y, w>"));
+      const auto f = [&](const std::vector<DoubleTensor>& x) {
+        std::vector<DoubleTensor> all = qkv;
+        for (std::size_t j = 0; j < which.size(); ++j) all[which[j]] = x[j];
+        Generator drop(7);
+        const DoubleTensor y = causal_attention(all[0], all[1], all[2], 0.3, true, drop);
+        return squared ? sum(y * y * w) : sum(y * w);
+      };
+      std::vector<DoubleTensor> inputs, v;
+      for (const std::size_t i : which) {
+        inputs.push_back(qkv[i]);
+        v.push_back(randn<double>(qkv[i].shape(), g));
+      }
+      const auto products = hvp(f, inputs, v).second;
+      const std::vector<DoubleTensor> expected = double_backward_hvp(f, inputs, v);
+      const std::vector<DoubleTensor> first = gradient_carrying_tangents(f, inputs, v);
+      std::vector<DoubleTensor> leaves;
+      for (const DoubleTensor& x : inputs) leaves.push_back(detail::copy_of(x).requires_grad_());
+      const std::vector<DoubleTensor> plain = grad(f(leaves), leaves);
+      for (std::size_t j = 0; j < which.size(); ++j) {
+        INFO("input " << which[j]);
+        const double scale = 1 + detail::flat(expected[j]).abs().maxCoeff();
+        INFO("largest difference " << (detail::flat(products[j]) - detail::flat(expected[j])).abs().maxCoeff());
+        CHECK(test::all_close(products[j], expected[j], 1e-12 * scale));
+        CHECK(first[j].to_vector() == plain[j].to_vector());
+      }
+    }
+  }
+}
+
+TEST_CASE("causal_self_attention: hvp through the fused kernels equals double backward with and without a tangent "
+          "on the incoming gradient; the first derivative is bitwise the plain backward's",
+          "[ops][attention][hvp]") {
+  test::FreshTape fresh;
+  Generator g(37);
+  const DoubleTensor qkv = randn<double>({2, 5, 12}, g), w = randn<double>({2, 5, 4}, g), v = randn<double>({2, 5, 12}, g);
+  for (const bool squared : {true, false}) {
+    INFO((squared ? "<y^2, w>" : "<y, w>"));
+    const auto f = [&](const std::vector<DoubleTensor>& x) {
+      Generator drop(7);
+      const DoubleTensor y = causal_self_attention(x[0], 2, 0.2, true, drop);
+      return squared ? sum(y * y * w) : sum(y * w);
+    };
+    const DoubleTensor product = hvp(f, std::vector<DoubleTensor>{qkv}, std::vector<DoubleTensor>{v}).second[0];
+    const DoubleTensor expected = double_backward_hvp(f, {qkv}, {v})[0];
+    const double scale = 1 + detail::flat(expected).abs().maxCoeff();
+    INFO("largest difference " << (detail::flat(product) - detail::flat(expected)).abs().maxCoeff());
+    CHECK(test::all_close(product, expected, 1e-12 * scale));
+    const DoubleTensor leaf = detail::copy_of(qkv).requires_grad_();
+    CHECK(gradient_carrying_tangents(f, {qkv}, {v})[0].to_vector() == grad(f({leaf}), {leaf})[0].to_vector());
+  }
 }

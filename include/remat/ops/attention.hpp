@@ -36,6 +36,11 @@
 // mask applied by the recorded dropout (the same draw) — so a second derivative reaches q, k and v
 // through P. Equal to the fused backward to rounding (P comes from softmax, not from the saved
 // log-sum-exp), not bit for bit.
+//
+// Carrying tangents (forward mode, and a backward inside a dual level: hvp), the kernels stay fused:
+// the forward's tangent is one more pass per (batch, head) with P rebuilt from the log-sum-exp
+// (attention_forward_tangent), and backward computes the first-order kernel's gradients, bit for
+// bit, with their tangents beside them (attention_backward_tangents): no (T, T) tensor either way.
 
 #include <algorithm>
 #include <array>
@@ -208,6 +213,143 @@ void attention_backward(const AttentionLayout& L, const E* q, const E* k, const 
   });
 }
 
+/// The tangents an attention's kernels read, each laid out as the tensor it belongs to (q, k, v as
+/// the inputs; dy, backward's incoming gradient, as y), null where there is none.
+template <class T>
+struct AttentionTangentsIn {
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  const T* dy = nullptr;
+};
+
+/// The probabilities' tangent of one (batch, head), given their tangent scores' terms: tS = (tq kᵀ +
+/// q tkᵀ) scale, then tP = P ⊙ (tS − rowsum(tS ⊙ P)) (the softmax's tangent, softmax.hpp) in `tp`;
+/// masked places have P = 0, so their tS drops out. False (tp untouched) when q and k have none.
+template <class T>
+bool attention_probs_tangent(const T* q, const T* k, const T* tq, const T* tk, std::int64_t ld, std::int64_t t,
+                             std::int64_t d, T scale, const RowMajorMatrix<T>& probs, RowMajorMatrix<T>& tp) {
+  if (!tq && !tk) return false;
+  if (tq) gemm(false, true, t, t, d, tq, ld, k, ld, tp.data(), t);
+  if (tk) gemm(false, true, t, t, d, q, ld, tk, ld, tp.data(), t, tq != nullptr);
+  tp *= scale;
+  const Eigen::Array<T, -1, 1> dot = (tp.array() * probs.array()).rowwise().sum();
+  tp.array() = probs.array() * (tp.array().colwise() - dot);
+  return true;
+}
+
+/// Zeros a (t, d) block whose rows are ld apart (a tangent no term reaches).
+template <class T>
+void zero_rows(T* base, std::int64_t t, std::int64_t d, std::int64_t ld) {
+  for (std::int64_t i = 0; i < t; ++i) std::fill(base + i * ld, base + i * ld + d, T(0));
+}
+
+/// The output's tangent of every (batch, head) (forward mode), P rebuilt from the forward's
+/// log-sum-exp as backward rebuilds it: ty = (M ⊙ tP) v + (M ⊙ P) tv, the same dropout draw; ty is
+/// laid out as y and written whole.
+template <class T>
+void attention_forward_tangent(const AttentionLayout& L, const T* q, const T* k, const T* v, const T* lse,
+                               const AttentionTangentsIn<T>& tangents, T* ty, T scale, float p, T keep_scale,
+                               Generator::State rng) {
+  const std::int64_t t = L.t, d = L.d;
+  parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
+    RowMajorMatrix<T> probs(t, t), tp(t, t), mask;
+    if (p > 0) mask.resize(t, t);
+    for (std::int64_t bh = b0; bh < b1; ++bh) {
+      const std::int64_t in = L.in_offset(bh), ld = L.ld_in;
+      const auto at = [in](const T* base) { return base ? base + in : nullptr; };
+      T* out = ty + L.out_offset(bh);
+      attention_probs(q + in, k + in, ld, t, d, scale, probs, lse + bh * t, static_cast<T*>(nullptr));
+      if (p > 0) attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+      const bool through_probs = attention_probs_tangent(q + in, k + in, at(tangents.q), at(tangents.k), ld, t, d,
+                                                         scale, probs, tp);
+      if (through_probs) {
+        if (p > 0) tp.array() *= mask.array();
+        gemm(false, false, t, d, t, tp.data(), t, v + in, ld, out, L.ld_out);
+      }
+      if (tangents.v) {
+        if (p > 0) probs.array() *= mask.array();
+        gemm(false, false, t, d, t, probs.data(), t, tangents.v + in, ld, out, L.ld_out, through_probs);
+      } else if (!through_probs) {
+        zero_rows(out, t, d, L.ld_out);
+      }
+    }
+  });
+}
+
+/// Backward of every (batch, head) carrying tangents (forward-over-reverse): dq, dk, dv as
+/// attention_backward computes them (the same operations in the same order: the same bits), and
+/// their tangents tdq, tdk, tdv (laid out as q, k, v, written whole). With r = rowsum(dP ⊙ P):
+///   t(dP) = M ⊙ (tdY Vᵀ + dY tVᵀ),  tdV = (M ⊙ tP)ᵀ dY + Pdᵀ tdY,
+///   tdS = (tP ⊙ (dP − r) + P ⊙ (t(dP) − rowsum(t(dP) ⊙ P + dP ⊙ tP))) scale,
+///   tdQ = tdS K + dS tK,  tdK = tdSᵀ Q + dSᵀ tQ.
+/// One pass per (batch, head): P once, every (T, T) term in this thread's scratch, never a tensor.
+template <class T>
+void attention_backward_tangents(const AttentionLayout& L, const T* q, const T* k, const T* v, const T* lse,
+                                 const T* dy, const AttentionTangentsIn<T>& tangents, T* dq, T* dk, T* dv, T* tdq,
+                                 T* tdk, T* tdv, T scale, float p, T keep_scale, Generator::State rng) {
+  const std::int64_t t = L.t, d = L.d;
+  parallel_for(L.batch * L.heads, 1, [&](std::int64_t b0, std::int64_t b1) {
+    RowMajorMatrix<T> probs(t, t), dp(t, t), tp(t, t), tdp(t, t), mask, pd;
+    if (p > 0) mask.resize(t, t), pd.resize(t, t);
+    for (std::int64_t bh = b0; bh < b1; ++bh) {
+      const std::int64_t in = L.in_offset(bh), ld = L.ld_in, ldo = L.ld_out;
+      const auto at = [in](const T* base) { return base ? base + in : nullptr; };
+      const T *tq = at(tangents.q), *tk = at(tangents.k), *tv = at(tangents.v);
+      const T* dY = dy + L.out_offset(bh);
+      const T* tdY = tangents.dy ? tangents.dy + L.out_offset(bh) : nullptr;
+      // First order, as attention_backward: dV now, dS once the tangents have read dP.
+      attention_probs(q + in, k + in, ld, t, d, scale, probs, lse + bh * t, static_cast<T*>(nullptr));
+      gemm(false, true, t, t, d, dY, ldo, v + in, ld, dp.data(), t);  // dY Vᵀ
+      const RowMajorMatrix<T>* pdp = &probs;  // Pd
+      if (p > 0) {
+        attention_dropout_mask(rng, bh, t, p, keep_scale, mask);
+        dp.array() *= mask.array();
+        pd.array() = mask.array() * probs.array();
+        pdp = &pd;
+      }
+      gemm(true, false, t, d, t, pdp->data(), t, dY, ldo, dv + in, ld);  // dV = Pdᵀ dY
+
+      const bool has_tp = attention_probs_tangent(q + in, k + in, tq, tk, ld, t, d, scale, probs, tp);
+      const bool has_tdp = tdY || tv;
+      if (tdY) gemm(false, true, t, t, d, tdY, ldo, v + in, ld, tdp.data(), t);
+      if (tv) gemm(false, true, t, t, d, dY, ldo, tv, ld, tdp.data(), t, tdY != nullptr);
+      if (has_tdp && p > 0) tdp.array() *= mask.array();
+      // tdV: Pd's term first, then pd's scratch takes M ⊙ tP.
+      if (tdY) gemm(true, false, t, d, t, pdp->data(), t, tdY, ldo, tdv + in, ld);
+      if (has_tp) {
+        if (p > 0) pd.array() = mask.array() * tp.array();
+        gemm(true, false, t, d, t, (p > 0 ? pd : tp).data(), t, dY, ldo, tdv + in, ld, tdY != nullptr);
+      }
+      if (!tdY && !has_tp) zero_rows(tdv + in, t, d, ld);
+
+      const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
+      if (has_tp && has_tdp) {
+        const Eigen::Array<T, -1, 1> trow = (tdp.array() * probs.array() + dp.array() * tp.array()).rowwise().sum();
+        tdp.array() = (tp.array() * (dp.array().colwise() - rowdot) + probs.array() * (tdp.array().colwise() - trow)) * scale;
+      } else if (has_tp) {
+        const Eigen::Array<T, -1, 1> trow = (dp.array() * tp.array()).rowwise().sum();
+        tdp.array() = (tp.array() * (dp.array().colwise() - rowdot) - probs.array().colwise() * trow) * scale;
+      } else if (has_tdp) {
+        const Eigen::Array<T, -1, 1> trow = (tdp.array() * probs.array()).rowwise().sum();
+        tdp.array() = probs.array() * (tdp.array().colwise() - trow) * scale;
+      }
+      dp.array() = probs.array() * (dp.array().colwise() - rowdot);
+      dp *= scale;  // dS
+      gemm(false, false, t, d, t, dp.data(), t, k + in, ld, dq + in, ld);  // dQ = dS K
+      gemm(true, false, t, d, t, dp.data(), t, q + in, ld, dk + in, ld);   // dK = dSᵀ Q
+
+      const bool has_tds = has_tp || has_tdp;
+      if (has_tds) gemm(false, false, t, d, t, tdp.data(), t, k + in, ld, tdq + in, ld);
+      if (tk) gemm(false, false, t, d, t, dp.data(), t, tk, ld, tdq + in, ld, has_tds);
+      if (!has_tds && !tk) zero_rows(tdq + in, t, d, ld);
+      if (has_tds) gemm(true, false, t, d, t, tdp.data(), t, q + in, ld, tdk + in, ld);
+      if (tq) gemm(true, false, t, d, t, dp.data(), t, tq, ld, tdk + in, ld, has_tds);
+      if (!has_tds && !tq) zero_rows(tdk + in, t, d, ld);
+    }
+  });
+}
+
 /// The dropout draw of an attention call over its B·H·T² probabilities: none in evaluation or at p = 0.
 template <class T>
 DropoutDraw<T> attention_dropout(double dropout_p, bool training, std::int64_t elements, Generator& gen) {
@@ -236,8 +378,10 @@ std::array<BasicTensor<T>, 3> attention_backward_recorded(const BasicTensor<T>& 
   return {matmul(ds, k), matmul(ds, q, true, false), dv};  // dS K, dSᵀ Q
 }
 
-/// The tangent of causal attention (forward mode), q, k, v (B, H, T, D) and their tangents
-/// (undefined where none): with P = softmax(S), S = mask(q kᵀ) scale, Pd = dropout(P),
+/// The tangent of causal attention (forward mode) in ops, for a forward under autocast (whose
+/// products the fused tangent pass, attention_forward_tangent, does not reproduce); q, k, v
+/// (B, H, T, D) and their tangents (undefined where none). With P = softmax(S), Pd = dropout(P),
+/// S = mask(q kᵀ) scale:
 ///   tS = (tq kᵀ + q tkᵀ) scale,  tP = P ⊙ (tS − rowsum(tS ⊙ P)),  ty = dropout(tP) v + Pd tv,
 /// the same draw; masked places have P = 0, so their tS drops out.
 template <class T>
@@ -300,6 +444,32 @@ BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<
       const BasicTensor<E> qs = ctx.template saved<E>(0), ks = ctx.template saved<E>(1), vs = ctx.template saved<E>(2);
       if (ctx.create_graph()) {
         if constexpr (std::is_same_v<E, T>) {
+          if (session().tangent_walk) {
+            // Carrying tangents (hvp): the first-order kernel's gradients with their tangents, one pass.
+            const BasicTensor<T> tq = tangent_of(ctx.as_input(0, qs)), tk = tangent_of(ctx.as_input(1, ks)),
+                                 tv = tangent_of(ctx.as_input(2, vs));
+            const BasicTensor<T>& dy = ctx.grad_output();
+            const BasicTensor<T> tdy = tangent_of(dy);
+            std::array<BasicTensor<T>, 3> grads{BasicTensor<T>(qs.shape()), BasicTensor<T>(qs.shape()),
+                                                BasicTensor<T>(qs.shape())};
+            if (!tq.defined() && !tk.defined() && !tv.defined() && !tdy.defined()) {
+              attention_backward(layout, qs.cdata(), ks.cdata(), vs.cdata(), ctx.saved(3).cdata(), dy.cdata(),
+                                 grads[0].data(), grads[1].data(), grads[2].data(), scale, drop.threshold, drop.scale,
+                                 drop.at_entry);
+            } else {
+              std::array<BasicTensor<T>, 3> tgrads{BasicTensor<T>(qs.shape()), BasicTensor<T>(qs.shape()),
+                                                   BasicTensor<T>(qs.shape())};
+              const auto ptr = [](const BasicTensor<T>& x) { return x.defined() ? x.cdata() : nullptr; };
+              attention_backward_tangents(layout, qs.cdata(), ks.cdata(), vs.cdata(), ctx.saved(3).cdata(), dy.cdata(),
+                                          {ptr(tq), ptr(tk), ptr(tv), ptr(tdy)}, grads[0].data(), grads[1].data(),
+                                          grads[2].data(), tgrads[0].data(), tgrads[1].data(), tgrads[2].data(), scale,
+                                          drop.threshold, drop.scale, drop.at_entry);
+              for (std::size_t i = 0; i < 3; ++i) set_tangent(grads[i], std::move(tgrads[i]));
+            }
+            for (std::size_t i = 0; i < 3; ++i)
+              if (ctx.needs_grad(i)) ctx.accumulate(i, std::move(grads[i]));
+            return;
+          }
           const auto grads = attention_backward_recorded(ctx.as_input(0, qs), ctx.as_input(1, ks), ctx.as_input(2, vs),
                                                          ctx.grad_output(), scale, drop);
           for (std::size_t i = 0; i < 3; ++i)
@@ -318,8 +488,18 @@ BasicTensor<T> causal_attention_with(const BasicTensor<T>& q, const BasicTensor<
       ctx.accumulate(1, std::move(dk));
       ctx.accumulate(2, std::move(dv));
     });
+  // The tangent: one pass with the forward's log-sum-exp; under autocast, the composition in float32.
+  const BasicTensor<T> row_lse = lse;
   push_tangent(y, [&](const BasicTensor<T>& tq, const BasicTensor<T>& tk, const BasicTensor<T>& tv) {
-    return attention_tangent(q, k, v, tq, tk, tv, scale, drop);
+    if constexpr (std::is_same_v<E, T>) {
+      BasicTensor<T> ty(shape);
+      const auto ptr = [](const BasicTensor<T>& x) { return x.defined() ? x.cdata() : nullptr; };
+      attention_forward_tangent(layout, q.cdata(), k.cdata(), v.cdata(), row_lse.cdata(), {ptr(tq), ptr(tk), ptr(tv)},
+                                ty.data(), scale, drop.threshold, drop.scale, drop.at_entry);
+      return ty;
+    } else {
+      return attention_tangent(q, k, v, tq, tk, tv, scale, drop);
+    }
   }, q, k, v);
   return y;
 }
@@ -347,6 +527,30 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
       const BasicTensor<E> packed = ctx.template saved<E>(0);
       if (ctx.create_graph()) {
         if constexpr (std::is_same_v<E, T>) {
+          if (session().tangent_walk) {
+            // Carrying tangents (hvp): the first-order kernel's gradient with its tangent, one pass.
+            const BasicTensor<T> tx = tangent_of(ctx.as_input(0, packed));
+            const BasicTensor<T>& dy = ctx.grad_output();
+            const BasicTensor<T> tdy = tangent_of(dy);
+            BasicTensor<T> grad(packed.shape());
+            const T* base = packed.cdata();
+            T* g = grad.data();
+            if (!tx.defined() && !tdy.defined()) {
+              attention_backward(layout, base, base + C, base + 2 * C, ctx.saved(1).cdata(), dy.cdata(), g, g + C,
+                                 g + 2 * C, scale, drop.threshold, drop.scale, drop.at_entry);
+            } else {
+              BasicTensor<T> tgrad(packed.shape());
+              const T* tb = tx.defined() ? tx.cdata() : nullptr;
+              T* tg = tgrad.data();
+              attention_backward_tangents(layout, base, base + C, base + 2 * C, ctx.saved(1).cdata(), dy.cdata(),
+                                          {tb, tb ? tb + C : nullptr, tb ? tb + 2 * C : nullptr,
+                                           tdy.defined() ? tdy.cdata() : nullptr},
+                                          g, g + C, g + 2 * C, tg, tg + C, tg + 2 * C, scale, drop.threshold,
+                                          drop.scale, drop.at_entry);
+              set_tangent(grad, std::move(tgrad));
+            }
+            return ctx.accumulate(0, std::move(grad));
+          }
           // The packed layout by views and copies: q, k, v split, heads to (B, H, T, D), and back.
           const BasicTensor<T> x = ctx.as_input(0, packed);
           const auto heads = [&](const BasicTensor<T>& part) {
@@ -370,8 +574,17 @@ BasicTensor<T> causal_self_attention_with(const BasicTensor<T>& qkv, const Basic
                          drop.threshold, drop.scale, drop.at_entry);
       ctx.accumulate(0, std::move(grad));
     });
-  // The tangent on the packed layout: q, k, v and their tangents split into heads, the heads merged back.
+  // The tangent: one pass on the packed layout with the forward's log-sum-exp; under autocast, the
+  // composition in float32 (q, k, v and their tangents split into heads, the heads merged back).
+  const BasicTensor<T> row_lse = lse;
   push_tangent(y, [&](const BasicTensor<T>& tqkv) {
+    if constexpr (std::is_same_v<E, T>) {
+      BasicTensor<T> ty(Shape{B, t, C});
+      const T *base = qkv.cdata(), *tb = tqkv.cdata();
+      attention_forward_tangent(layout, base, base + C, base + 2 * C, row_lse.cdata(), {tb, tb + C, tb + 2 * C},
+                                ty.data(), scale, drop.threshold, drop.scale, drop.at_entry);
+      return ty;
+    }
     const auto heads = [&](const BasicTensor<T>& x, std::int64_t part) {
       return permute(reshape(narrow(x, 2, part * C, C), {B, t, H, d}), {0, 2, 1, 3});
     };
