@@ -2,10 +2,11 @@
 // Hessian-vector products by forward-over-reverse: the inputs are made dual with the direction as
 // their tangent, f runs (every op carries the tangents forward), and the gradient's backward runs
 // inside the dual level, where each op's backward computes in ops whose tangent rules carry the
-// tangents into the gradients. The gradient's tangent is H·v. Nothing of the first backward is
-// kept (no create_graph), and a checkpointed segment replays with its tangents. Measured on a small
-// GPT (bench_hvp_step): 2.9-3.1x a gradient's time and 2.1-2.5x its peak bytes, against 3.7-3.8x
-// and 5.0-6.9x for double backward; the tangents live in the autograd metadata the graph holds.
+// tangents into the gradients (the fused ops: their first-order kernels with the tangents beside
+// them). The gradient's tangent is H·v. Nothing of the first backward is kept (no create_graph),
+// and a checkpointed segment replays with its tangents. Measured on a small GPT (bench_hvp_step):
+// 2.8-2.9x a gradient's time and 1.8-2.2x its peak bytes, against 3.4-4.3x and 5.0-7.2x for double
+// backward; the tangents live in the autograd metadata the graph holds.
 
 #include <utility>
 #include <vector>
