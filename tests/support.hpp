@@ -94,6 +94,30 @@ inline Tensor unrecordable_square(const Tensor& x) {
   return y;
 }
 
+/// H·v by double backward (grad with create_graph, then the gradient of ⟨g, v⟩): the reference hvp
+/// is checked against. Zeros where f does not depend on an input twice (its gradient constant).
+template <class T, class F>
+std::vector<BasicTensor<T>> double_backward_hvp(F&& f, const std::vector<BasicTensor<T>>& inputs,
+                                                const std::vector<BasicTensor<T>>& v) {
+  std::vector<BasicTensor<T>> xs;
+  for (const BasicTensor<T>& x : inputs) xs.push_back(detail::copy_of(x).requires_grad_());
+  GradOptions recorded;
+  recorded.create_graph = true;
+  const std::vector<BasicTensor<T>> first = grad(f(xs), xs, recorded);
+  BasicTensor<T> dot;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const BasicTensor<T> term = sum(first[i] * v[i]);
+    dot = dot.defined() ? dot + term : term;
+  }
+  GradOptions unused;
+  unused.allow_unused = true;
+  std::vector<BasicTensor<T>> products =
+      dot.requires_grad() ? grad(dot, xs, unused) : std::vector<BasicTensor<T>>(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    if (!products[i].defined()) products[i] = zeros<T>(xs[i].shape());
+  return products;
+}
+
 }  // namespace remat::test
 
 /// REQUIRE that `expr` throws remat::Error whose message contains every given fragment.

@@ -120,29 +120,6 @@ TEST_CASE("causal_self_attention: a width that does not split into 3 × heads, a
 
 namespace {
 
-/// H·v by double backward (create_graph, then the gradient of ⟨g, v⟩): the reference for hvp.
-std::vector<DoubleTensor> double_backward_hvp(const std::function<DoubleTensor(const std::vector<DoubleTensor>&)>& f,
-                                              const std::vector<DoubleTensor>& inputs,
-                                              const std::vector<DoubleTensor>& v) {
-  std::vector<DoubleTensor> xs;
-  for (const DoubleTensor& x : inputs) xs.push_back(detail::copy_of(x).requires_grad_());
-  GradOptions recorded;
-  recorded.create_graph = true;
-  const std::vector<DoubleTensor> first = grad(f(xs), xs, recorded);
-  DoubleTensor dot;
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    const DoubleTensor term = sum(first[i] * v[i]);
-    dot = dot.defined() ? dot + term : term;
-  }
-  GradOptions unused;
-  unused.allow_unused = true;
-  // f linear in what is differentiated (⟨y, w⟩ in v alone): a constant gradient, a Hessian of 0.
-  std::vector<DoubleTensor> products = dot.requires_grad() ? grad(dot, xs, unused) : std::vector<DoubleTensor>(xs.size());
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    if (!products[i].defined()) products[i] = zeros<double>(xs[i].shape());
-  return products;
-}
-
 /// The gradient a backward inside a dual level returns (tangents on the inputs): its values, to
 /// compare bit for bit with the plain backward's.
 std::vector<DoubleTensor> gradient_carrying_tangents(
@@ -195,7 +172,7 @@ TEST_CASE("causal_attention: hvp through the fused kernels equals double backwar
         v.push_back(randn<double>(qkv[i].shape(), g));
       }
       const auto products = hvp(f, inputs, v).second;
-      const std::vector<DoubleTensor> expected = double_backward_hvp(f, inputs, v);
+      const std::vector<DoubleTensor> expected = test::double_backward_hvp(f, inputs, v);
       const std::vector<DoubleTensor> first = gradient_carrying_tangents(f, inputs, v);
       std::vector<DoubleTensor> leaves;
       for (const DoubleTensor& x : inputs) leaves.push_back(detail::copy_of(x).requires_grad_());
@@ -216,7 +193,8 @@ TEST_CASE("causal_self_attention: hvp through the fused kernels equals double ba
           "[ops][attention][hvp]") {
   test::FreshTape fresh;
   Generator g(37);
-  const DoubleTensor qkv = randn<double>({2, 5, 12}, g), w = randn<double>({2, 5, 4}, g), v = randn<double>({2, 5, 12}, g);
+  const DoubleTensor qkv = randn<double>({2, 5, 12}, g), w = randn<double>({2, 5, 4}, g);
+  const DoubleTensor v = randn<double>({2, 5, 12}, g);
   for (const bool squared : {true, false}) {
     INFO((squared ? "<y^2, w>" : "<y, w>"));
     const auto f = [&](const std::vector<DoubleTensor>& x) {
@@ -224,12 +202,13 @@ TEST_CASE("causal_self_attention: hvp through the fused kernels equals double ba
       const DoubleTensor y = causal_self_attention(x[0], 2, 0.2, true, drop);
       return squared ? sum(y * y * w) : sum(y * w);
     };
-    const DoubleTensor product = hvp(f, std::vector<DoubleTensor>{qkv}, std::vector<DoubleTensor>{v}).second[0];
-    const DoubleTensor expected = double_backward_hvp(f, {qkv}, {v})[0];
+    const std::vector<DoubleTensor> inputs{qkv}, directions{v};
+    const DoubleTensor product = hvp(f, inputs, directions).second[0];
+    const DoubleTensor expected = test::double_backward_hvp(f, inputs, directions)[0];
     const double scale = 1 + detail::flat(expected).abs().maxCoeff();
     INFO("largest difference " << (detail::flat(product) - detail::flat(expected)).abs().maxCoeff());
     CHECK(test::all_close(product, expected, 1e-12 * scale));
     const DoubleTensor leaf = detail::copy_of(qkv).requires_grad_();
-    CHECK(gradient_carrying_tangents(f, {qkv}, {v})[0].to_vector() == grad(f({leaf}), {leaf})[0].to_vector());
+    CHECK(gradient_carrying_tangents(f, inputs, directions)[0].to_vector() == grad(f({leaf}), {leaf})[0].to_vector());
   }
 }

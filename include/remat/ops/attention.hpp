@@ -223,9 +223,10 @@ struct AttentionTangentsIn {
   const T* dy = nullptr;
 };
 
-/// The probabilities' tangent of one (batch, head), given their tangent scores' terms: tS = (tq kᵀ +
-/// q tkᵀ) scale, then tP = P ⊙ (tS − rowsum(tS ⊙ P)) (the softmax's tangent, softmax.hpp) in `tp`;
-/// masked places have P = 0, so their tS drops out. False (tp untouched) when q and k have none.
+/// The probabilities' tangent of one (batch, head) from q's and k's tangents (either may be null):
+/// tS = (tq kᵀ + q tkᵀ) scale, then tP = P ⊙ (tS − rowsum(tS ⊙ P)) (the softmax's tangent,
+/// softmax.hpp) in `tp`; masked places have P = 0, so their tS drops out. False (tp untouched) when
+/// neither has a tangent.
 template <class T>
 bool attention_probs_tangent(const T* q, const T* k, const T* tq, const T* tk, std::int64_t ld, std::int64_t t,
                              std::int64_t d, T scale, const RowMajorMatrix<T>& probs, RowMajorMatrix<T>& tp) {
@@ -326,7 +327,8 @@ void attention_backward_tangents(const AttentionLayout& L, const T* q, const T* 
       const Eigen::Array<T, -1, 1> rowdot = (dp.array() * probs.array()).rowwise().sum();
       if (has_tp && has_tdp) {
         const Eigen::Array<T, -1, 1> trow = (tdp.array() * probs.array() + dp.array() * tp.array()).rowwise().sum();
-        tdp.array() = (tp.array() * (dp.array().colwise() - rowdot) + probs.array() * (tdp.array().colwise() - trow)) * scale;
+        tdp.array() =
+            (tp.array() * (dp.array().colwise() - rowdot) + probs.array() * (tdp.array().colwise() - trow)) * scale;
       } else if (has_tp) {
         const Eigen::Array<T, -1, 1> trow = (dp.array() * tp.array()).rowwise().sum();
         tdp.array() = (tp.array() * (dp.array().colwise() - rowdot) - probs.array().colwise() * trow) * scale;
