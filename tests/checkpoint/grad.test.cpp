@@ -126,3 +126,31 @@ TEST_CASE("grad: what reaches a computed input whose node does not run is not se
   sum(h).backward();
   CHECK(flat_values(x.grad()) == std::vector<float>{3.f, 3.f});
 }
+
+TEST_CASE("grad: hands back the walk's own gradients, each held once as it returns; an input listed twice gets two "
+          "tensors",
+          "[checkpoint][grad]") {
+  test::FreshTape fresh;
+  Generator gen(4);
+  const Tensor x = randn<float>({1 << 16}, gen).requires_grad_();
+  const std::size_t bytes = static_cast<std::size_t>(x.numel()) * sizeof(float);
+  Tensor y = sum(x);
+  reset_peak_memory_stats();
+  const std::size_t base = memory_stats().live_bytes;
+  std::vector<Tensor> g = grad(y, {x});
+  // sum's backward makes the one gradient; a copy of it at the return would double the peak.
+  CHECK(memory_stats().peak_bytes - base < bytes + 1024);
+  CHECK(memory_stats().live_bytes - base >= bytes);
+  CHECK(flat_values(g[0]) == std::vector<float>(static_cast<std::size_t>(x.numel()), 1.f));
+
+  // Listed twice: equal values in two tensors of their own (writing one leaves the other).
+  std::vector<Tensor> twice = grad(sum(x * 3.0f), {x, x});
+  REQUIRE(flat_values(twice[0]) == flat_values(twice[1]));
+  detail::flat(twice[0]).setZero();
+  CHECK(flat_values(twice[1]) == std::vector<float>(static_cast<std::size_t>(x.numel()), 3.f));
+  // One gradient passed on to two inputs (add's backward): their tensors do not share bytes either.
+  Tensor a = randn<float>({8}, gen).requires_grad_(), b = randn<float>({8}, gen).requires_grad_();
+  std::vector<Tensor> both = grad(sum(a + b), {a, b});
+  detail::flat(both[0]).setZero();
+  CHECK(flat_values(both[1]) == std::vector<float>(8, 1.f));
+}

@@ -81,18 +81,28 @@ std::vector<BasicTensor<T>> grad(const std::vector<BasicTensor<T>>& outputs, con
     const auto& meta = inputs[i].meta();
     // A leaf's is what the walk accumulated (set back by the capture after this); a computed
     // input's is what its node received (or, when it is an output itself, its seed, not yet run).
-    BasicTensor<T> g = meta->is_leaf() ? meta->grad : (meta->retained.defined() ? meta->retained : meta->grad);
+    BasicTensor<T>& slot = meta->is_leaf() ? meta->grad : (meta->retained.defined() ? meta->retained : meta->grad);
+    BasicTensor<T> g = slot;
     REMAT_CHECK(g.defined() || options.allow_unused,
                 "grad: input {} (shape {}) was not used to compute the outputs (no gradient reached it); "
                 "pass allow_unused = true to get an undefined tensor for it", i, inputs[i].shape());
     // With create_graph the tensor itself, graph and all (nothing writes a graph's tensors in place).
     if (options.create_graph && g.defined() && g.meta()) {
       result.push_back(g);
-    } else {
-      result.push_back(g.defined() ? detail::copy_of(g) : BasicTensor<T>());
-      // Inside a dual level the gradient carries its tangent (hvp: forward-over-reverse).
-      if (detail::has_tangent(g)) detail::set_tangent(result.back(), detail::tangent_of(g));
+      continue;
     }
+    // The walk's own tensor, taken from its slot (the capture puts the slot back as it was anyway):
+    // a copy would hold every gradient twice as grad() returns, the step's peak under per-block
+    // checkpointing. A copy still where its bytes are shared: an input listed again later, or one
+    // gradient passed on to two inputs.
+    const bool listed_again = std::any_of(inputs.begin() + static_cast<std::ptrdiff_t>(i) + 1, inputs.end(),
+                                          [&](const BasicTensor<T>& x) { return x.meta() == meta; });
+    if (!listed_again) slot = BasicTensor<T>();
+    if (!g.defined()) result.emplace_back();
+    else if (g.storage().use_count() == 1) result.emplace_back(g.storage(), g.shape());
+    else result.push_back(detail::copy_of(g));
+    // Inside a dual level the gradient carries its tangent (hvp: forward-over-reverse).
+    if (detail::has_tangent(g)) detail::set_tangent(result.back(), detail::tangent_of(g));
   }
   return result;
 }
