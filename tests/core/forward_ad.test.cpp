@@ -130,3 +130,73 @@ TEST_CASE("hvp: forward-over-reverse matches the analytic Hessian; unused inputs
   REQUIRE_ERROR(hvp([](const DoubleTensor& t) { return t * 2.0; }, x, v), "hvp: f must return one element, got shape (4,)");
   REQUIRE_ERROR(hvp([](const DoubleTensor& t) { return sum(t); }, x, unused), "hvp: direction 0 has shape (2,), its input (4,)");
 }
+
+namespace {
+
+/// The live bytes as the walk reaches its first node.
+class LiveAtFirstNode : public Observer {
+ public:
+  void backward_op(const char*) override {
+    if (!seen) live = memory_stats().live_bytes;
+    seen = true;
+  }
+  std::size_t live = 0;
+  bool seen = false;
+};
+
+/// y = x with a backward that asks for its input's tangent through a gradient it did not save: a
+/// node that reads a tangent without saving anything, which the tangent books cannot tell.
+Tensor identity_reading_unsaved_tangent(const Tensor& x) {
+  static const OpId id = register_op("identity_reading_unsaved_tangent", tangent_rule);
+  Tensor y = detail::produce<float>(id, x.shape(), 0.0, {x}, [=] { return detail::copy_of(x); });
+  if (detail::grad_needed(x))
+    detail::record<float>(id, {x}, {&y}, {}, [](detail::BackwardContext<float>& ctx) {
+      if (ctx.create_graph()) return ctx.accumulate(0, ctx.as_input(0, ctx.grad_output()) * 1.0f);
+      ctx.accumulate(0, ctx.grad_output());
+    });
+  detail::push_tangent(y, [](const Tensor& t) { return t; }, x);
+  return y;
+}
+
+}  // namespace
+
+// A backward inside a dual level reads a tangent only through a node that saved something: the
+// tangents of intermediates held by nodes that save nothing (a scaled copy summed into a residual)
+// go before the walk, not when their producers' backward runs.
+TEST_CASE("hvp: tangents no backward reads are dropped before the walk; a read of one after all is an error",
+          "[core][forward_ad][hvp]") {
+  test::FreshTape fresh;
+  Generator g(3);
+  const std::int64_t n = 1 << 14;
+  const Tensor x = randn<float>({n}, g), v = randn<float>({n}, g);
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+  const auto run = [&](bool keep_handles) {
+    dual_level level;
+    const Tensor leaf = x.detach().requires_grad_();
+    const Tensor dual = make_dual(leaf, v);
+    std::vector<Tensor> kept;
+    Tensor s = tanh(dual);  // tanh saves its output: its tangent is read
+    for (int k = 1; k <= 4; ++k) {
+      Tensor h = dual * static_cast<float>(k);  // saves nothing; the sum below saves nothing either
+      if (keep_handles) kept.push_back(h);
+      s = s + h;
+    }
+    const Tensor y = sum(tanh(s));
+    const auto before = static_cast<long long>(memory_stats().live_bytes);
+    LiveAtFirstNode watch;
+    const Tensor gx = grad(y, {leaf})[0];
+    REQUIRE(detail::has_tangent(gx));
+    return std::make_pair(before - static_cast<long long>(watch.live), detail::tangent_of(gx).to_vector());
+  };
+  const auto [freed, hv] = run(false);
+  const auto [freed_kept, hv_kept] = run(true);
+  // Four scaled copies and their sums' tangents, n floats each, none read by a backward.
+  CHECK(freed >= static_cast<long long>(4 * bytes));
+  CHECK(freed_kept < freed);  // a tangent a user's handle can reach stays
+  CHECK(hv == hv_kept);
+
+  dual_level level;
+  const Tensor leaf = x.detach().requires_grad_();
+  const Tensor y = sum(tanh(identity_reading_unsaved_tangent(make_dual(leaf, v) * 2.0f)));
+  REQUIRE_ERROR(grad(y, {leaf}), "tangent", "dropped", "must save something");
+}

@@ -271,6 +271,9 @@ void run_backward(const char* who, std::vector<BackwardRoot<T>> roots, bool reta
   const bool outermost = session().backward_depth == 0;
   Install<&Session::backward_depth> depth(session().backward_depth + 1);
   notify([&](Observer& o) { o.backward_begin(outermost); });
+  // Carrying tangents, what the forward left that no backward reads goes before the walk starts
+  // (each node drops what came since, a replay's intermediates, as it runs: core/node.hpp).
+  if (tangents && outermost) session().dual_level->drop_unread(true);
   const auto end_of_walk = [outermost] {
     std::vector<std::shared_ptr<const void>> held;
     if (outermost) held.swap(session().walk_keepalive);

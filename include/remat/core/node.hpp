@@ -16,6 +16,7 @@
 #include "remat/core/grad_capture.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/core/saved_tensor.hpp"
+#include "remat/core/tangent.hpp"
 #include "remat/core/tensor.hpp"
 #include "remat/core/timeline.hpp"
 
@@ -197,9 +198,19 @@ class TypedNode final : public Node {
       outputs_.push_back(y->meta());
       output_shapes_.push_back(y->shape());
     }
+    if (tangents_active()) {
+      for (std::size_t i = 0; i < outputs.size() && i < 64; ++i)
+        if (std::any_of(this->saved().begin(), this->saved().end(),
+                        [&](const SavedTensor& s) { return s.saves(outputs[i]->storage().get()); }))
+          outputs_read_ |= std::uint64_t{1} << i;
+      count_tangent_holds(+1);
+    }
   }
 
-  ~TypedNode() override { release(); }
+  ~TypedNode() override {
+    release();
+    if (counts_tangents_) count_tangent_holds(-1);
+  }
 
   bool has_output_grad() const override {
     return std::any_of(outputs_.begin(), outputs_.end(), [](const auto& w) {
@@ -243,6 +254,8 @@ class TypedNode final : public Node {
       Install<&Session::create_graph> first_order(false);
       fn_(ctx);
     } else if (graph) {
+      // What a replay's forward left that no backward reads goes before the walk reaches it.
+      if (DualLevelState* level = session().dual_level) level->drop_unread(false);
       // Carrying tangents: the formulas' ops record nothing (a replay records its own run). Once
       // the node has run, no backward reads its outputs' tangents again (their consumers ran
       // before it): they go now, not when the dual level ends.
@@ -273,11 +286,35 @@ class TypedNode final : public Node {
 
  private:
   friend class BackwardContext<In, Out>;
+
+  /// Inside a dual level: counts this node among its inputs' tangent holders and, as one that may
+  /// read them, among their readers when it saves anything (its backward's formulas read inputs'
+  /// tangents through saved tensors only; which saved tensor stands for which input is the op's
+  /// business: cross_entropy's probabilities stand for its logits), and among the readers of each
+  /// output it saves itself (softmax's y: outputs_read_). `sign` -1 undoes it when the node goes.
+  void count_tangent_holds(int sign) {
+    if (sign > 0) {
+      counts_tangents_ = true;
+      reads_inputs_ = !saved().empty();
+    }
+    for (const auto& m : inputs_) {
+      if (!m) continue;
+      m->tangent_holders += sign;
+      if (reads_inputs_) m->tangent_readers += sign;
+    }
+    for (std::size_t i = 0; i < outputs_.size(); ++i)
+      if (i >= 64 || ((outputs_read_ >> i) & 1u))  // past 64 outputs, read (the safe side)
+        if (auto m = outputs_[i].lock()) m->tangent_readers += sign;
+  }
+
   std::vector<std::shared_ptr<AutogradMeta<In>>> inputs_;  // null where no gradient is needed
   std::vector<Shape> input_shapes_;
   std::vector<std::weak_ptr<AutogradMeta<Out>>> outputs_;
   std::vector<Shape> output_shapes_;
   BackwardFn<In, Out> fn_;
+  bool counts_tangents_ = false;   // counted in its inputs' and outputs' tangent books
+  bool reads_inputs_ = false;      // counted among its inputs' tangent readers
+  std::uint64_t outputs_read_ = 0;  // bit i: counted among output i's tangent readers
 };
 
 template <class In, class Out>

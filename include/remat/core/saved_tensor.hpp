@@ -161,6 +161,8 @@ class SavedTensor {
   std::size_t packed_bytes() const { return packed_bytes_; }
   /// Whether the node still holds it, in RAM or packed.
   bool held() const { return storage_ != nullptr || packed_ != nullptr; }
+  /// Whether it is a save of `s` (kept as is, or handed to a store, or kept as a 16-bit copy of it).
+  bool saves(const Storage* s) const { return s != nullptr && (storage_.get() == s || original_.lock().get() == s); }
 
   void retain() {
     if (storage_) storage_->retain_saved();

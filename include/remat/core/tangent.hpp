@@ -34,16 +34,49 @@ inline bool tangents_active() {
 /// ends. Entries of identities already gone are dropped as the list grows, so a long loop inside
 /// one level (a chain of 10^5 steps, each op's output given a tangent) holds only about twice the
 /// living ones, not one per op ever run.
+///
+/// A backward carrying tangents reads a tensor's tangent only through a node that saved something
+/// (its formulas run on saved tensors' identities). A tangent whose tensor only nodes hold (its
+/// strong references are all their input slots: no user handle, nothing else) and none of them
+/// reads is bytes nobody will read: drop_unread() drops it before the walk and before each node of
+/// it (a replay's intermediates: a projection's output that a residual sum consumes, say), and marks
+/// it, so that a read of it after all is an error, not a zero tangent.
 class DualLevelState {
  public:
   /// Notes that `meta` was given a tangent inside this level.
   template <class T>
   void note(const std::shared_ptr<AutogradMeta<T>>& meta) {
     if (set_.size() >= prune_at_) {
-      set_.erase(std::remove_if(set_.begin(), set_.end(), [](const Entry& e) { return e.meta.expired(); }), set_.end());
+      std::size_t kept = 0, kept_swept = 0;
+      for (std::size_t i = 0; i < set_.size(); ++i) {
+        if (set_[i].meta.expired()) continue;
+        if (i < swept_) ++kept_swept;
+        if (kept != i) set_[kept] = std::move(set_[i]);
+        ++kept;
+      }
+      set_.resize(kept);
+      swept_ = kept_swept;
       prune_at_ = std::max(kFirstPrune, 2 * set_.size());
     }
-    set_.push_back({meta, [](void* m) { static_cast<AutogradMeta<T>*>(m)->tangent = BasicTensor<T>(); }});
+    set_.push_back({meta,
+                    [](void* p) {
+                      auto* m = static_cast<AutogradMeta<T>*>(p);
+                      m->tangent = BasicTensor<T>();
+                      m->tangent_dropped = false;  // a read outside the level finds no tangent, as any
+                    },
+                    [](void* p, long strong) {
+                      auto* m = static_cast<AutogradMeta<T>*>(p);
+                      if (!m->tangent.defined() || m->tangent_readers > 0 || strong != m->tangent_holders) return;
+                      m->tangent = BasicTensor<T>();
+                      m->tangent_dropped = true;
+                    }});
+  }
+  /// Drops the tangents no backward reads (above): of every entry (`all`), or of those noted since
+  /// the last call (each looked at once: one a user still held then keeps its tangent).
+  void drop_unread(bool all) {
+    for (std::size_t i = all ? 0 : swept_; i < set_.size(); ++i)
+      if (const std::shared_ptr<void> m = set_[i].meta.lock()) set_[i].drop_unread(m.get(), m.use_count() - 1);
+    swept_ = set_.size();
   }
   /// Clears every tangent noted (the level ends).
   void clear_all() {
@@ -59,14 +92,20 @@ class DualLevelState {
   struct Entry {
     std::weak_ptr<void> meta;
     void (*clear)(void*);
+    void (*drop_unread)(void*, long strong_references);
   };
   std::vector<Entry> set_;
+  std::size_t swept_ = 0;  // entries before it were looked at by drop_unread
   std::size_t prune_at_ = kFirstPrune;
 };
 
 template <class T>
 bool has_tangent(const BasicTensor<T>& t) {
-  return t.meta() && t.meta()->tangent.defined();
+  if (!t.meta()) return false;
+  REMAT_CHECK(!t.meta()->tangent_dropped, "forward mode: the tangent of a tensor of shape {} was dropped as one no "
+              "backward reads (only nodes held it, none saving anything), and is read now: a node that reads an "
+              "input's tangent must save something (core/tangent.hpp)", t.shape());
+  return t.meta()->tangent.defined();
 }
 
 /// Sets the tangent of the tensors sharing `meta` (inside the open dual level, which clears it
@@ -76,6 +115,7 @@ void set_tangent(const std::shared_ptr<AutogradMeta<T>>& meta, BasicTensor<T> ta
   Session& s = session();
   REMAT_ASSERT(s.dual_level != nullptr);
   meta->tangent = std::move(tangent);
+  meta->tangent_dropped = false;
   s.dual_level->note(meta);
 }
 

@@ -66,6 +66,12 @@ struct AutogradMeta : std::enable_shared_from_this<AutogradMeta<T>> {
   /// from `grad`, so that a second backward does not send the first one's gradient on again.
   BasicTensor<T> retained;
   BasicTensor<T> tangent;  ///< forward mode: the direction it moves in, inside a dual level
+  /// Forward mode's books, kept by nodes recorded inside a dual level (core/tangent.hpp): the nodes
+  /// holding it as an input, and those (holders, or its producer) whose backward may read its
+  /// tangent. A tangent with holders only and no reader is dropped (marked here) before backward.
+  int tangent_holders = 0;
+  int tangent_readers = 0;
+  bool tangent_dropped = false;
   bool is_leaf() const { return node_id == 0; }
 };
 

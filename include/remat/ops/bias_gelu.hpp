@@ -80,7 +80,12 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
           const BasicTensor<T> tx = ctx.needs_grad(0) ? detail::tangent_of(ctx.as_input(0, xs)) : BasicTensor<T>();
           const BasicTensor<T> tb = ctx.needs_grad(1) ? detail::tangent_of(ctx.as_input(1, bs)) : BasicTensor<T>();
           if (tdy.defined() || tx.defined() || tb.defined()) {
-            tg = BasicTensor<T>(xs.shape());
+            // Into t(dy)'s own bytes when nothing else can read them (the incoming gradient's
+            // identity and its tangent held here only): element by element, each read before it
+            // is written. The backward's peak, where it falls on this op, holds one buffer less.
+            const bool reuse = tdy.defined() && ctx.grad_output().meta().use_count() == 1 &&
+                               tdy.storage().use_count() == 2;  // the gradient's tangent, and tdy
+            tg = reuse ? tdy : BasicTensor<T>(xs.shape());
             using Vec = detail::ConstArrayMap<T>;
             using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
             const T* pdy = ctx.grad_output().cdata();
@@ -88,9 +93,9 @@ BasicTensor<T> bias_gelu(const BasicTensor<T>& x, const BasicTensor<T>& bias,
               const std::int64_t o = i * c;
               const auto [a, ta] = detail::bias_gelu_row_and_tangent(xs, bs, tx, tb, i, c);
               detail::ArrayMap<T> out(tg.data() + o, c);
-              out.setZero();
               if (tdy.defined()) out = tanh ? Row(F::tanh_grad(Vec(tdy.cdata() + o, c), a))
                                             : Row(F::exact_grad(Vec(tdy.cdata() + o, c), a));
+              else out.setZero();
               if (tx.defined() || tb.defined())
                 out += Vec(pdy + o, c) * (tanh ? F::tanh_second(a) : F::exact_second(a)) * ta;
             };
