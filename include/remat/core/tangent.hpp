@@ -1,7 +1,8 @@
 #pragma once
 // Where a tensor's tangent lives (forward mode): in its autograd metadata, set inside an open dual
 // level, which clears every tangent set in it when it ends. The graph code carries a tangent
-// across a metadata swap (record() making an op's outputs require grad); core/forward_ad.hpp
+// across a metadata swap (record() making an op's outputs require grad), and drops before a
+// backward the tangents no backward will read (DualLevelState::drop_unread); core/forward_ad.hpp
 // builds dual levels, tangent rules and jvp on this.
 
 #include <algorithm>
