@@ -200,3 +200,25 @@ TEST_CASE("hvp: tangents no backward reads are dropped before the walk; a read o
   const Tensor y = sum(tanh(identity_reading_unsaved_tangent(make_dual(leaf, v) * 2.0f)));
   REQUIRE_ERROR(grad(y, {leaf}), "tangent", "dropped", "must save something");
 }
+
+// An input that needs no gradient may still carry a tangent (a constant made dual): a backward
+// inside the level carries it into the gradients' tangents as any other.
+TEST_CASE("backward inside a dual level: a tangent on an input that needs no gradient reaches the gradients' "
+          "tangents",
+          "[core][forward_ad]") {
+  test::FreshTape fresh;
+  Generator g(5);
+  const DoubleTensor x0 = randn<double>({6}, g), v = randn<double>({6}, g), w0 = randn<double>({6}, g);
+  // gw = ∂/∂w Σ tanh(w x) = x (1 − tanh²(w x)); along x + εv it moves by d/dε at ε = 0.
+  const auto gradient_at = [&](const DoubleTensor& x) {
+    const DoubleTensor w = detail::copy_of(w0).requires_grad_();
+    return grad(sum(tanh(w * x)), {w})[0];
+  };
+  const double eps = 1e-6;
+  const DoubleTensor differences = (gradient_at(x0 + v * eps) - gradient_at(x0 - v * eps)) / (2 * eps);
+  dual_level level;
+  const DoubleTensor w = detail::copy_of(w0).requires_grad_();
+  const DoubleTensor gw = grad(sum(tanh(w * make_dual(x0, v))), {w})[0];
+  REQUIRE(detail::has_tangent(gw));
+  CHECK(test::all_close(detail::tangent_of(gw), differences, 1e-6));
+}

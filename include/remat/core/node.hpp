@@ -199,6 +199,13 @@ class TypedNode final : public Node {
       output_shapes_.push_back(y->shape());
     }
     if (tangents_active()) {
+      // An input that needs no gradient but carries a tangent (a constant made dual): the
+      // formulas of a backward carrying tangents read it through as_input all the same.
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (!inputs_[i] && has_tangent(inputs[i])) {
+          tangent_inputs_.resize(inputs.size());
+          tangent_inputs_[i] = inputs[i].meta();
+        }
       for (std::size_t i = 0; i < outputs.size() && i < 64; ++i)
         if (std::any_of(this->saved().begin(), this->saved().end(),
                         [&](const SavedTensor& s) { return s.saves(outputs[i]->storage().get()); }))
@@ -297,17 +304,20 @@ class TypedNode final : public Node {
       counts_tangents_ = true;
       reads_inputs_ = !saved().empty();
     }
-    for (const auto& m : inputs_) {
-      if (!m) continue;
-      m->tangent_holders += sign;
-      if (reads_inputs_) m->tangent_readers += sign;
-    }
+    for (const auto* held : {&inputs_, &tangent_inputs_})
+      for (const auto& m : *held) {
+        if (!m) continue;
+        m->tangent_holders += sign;
+        if (reads_inputs_) m->tangent_readers += sign;
+      }
     for (std::size_t i = 0; i < outputs_.size(); ++i)
       if (i >= 64 || ((outputs_read_ >> i) & 1u))  // past 64 outputs, read (the safe side)
         if (auto m = outputs_[i].lock()) m->tangent_readers += sign;
   }
 
   std::vector<std::shared_ptr<AutogradMeta<In>>> inputs_;  // null where no gradient is needed
+  // Inside a dual level, of inputs that need no gradient, those with a tangent (else empty).
+  std::vector<std::shared_ptr<AutogradMeta<In>>> tangent_inputs_;
   std::vector<Shape> input_shapes_;
   std::vector<std::weak_ptr<AutogradMeta<Out>>> outputs_;
   std::vector<Shape> output_shapes_;
@@ -345,6 +355,7 @@ template <class In, class Out>
 BasicTensor<In> BackwardContext<In, Out>::as_input(std::size_t i, const BasicTensor<In>& data) const {
   BasicTensor<In> t(data.storage(), data.shape());
   if (needs_grad(i)) t.set_meta(node_.inputs_[i]);
+  else if (i < node_.tangent_inputs_.size() && node_.tangent_inputs_[i]) t.set_meta(node_.tangent_inputs_[i]);
   return t;
 }
 
