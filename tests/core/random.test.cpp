@@ -13,19 +13,24 @@ TEST_CASE("philox: matches the Random123 known-answer vectors", "[core][random]"
 
 TEST_CASE("philox: the lane-batched blocks and every sub-range of a draw match one block at a time",
           "[core][random]") {
-  // Offsets either side of 2^32 carry into the counter's high word inside one batch of lanes.
+  // Offsets either side of 2^32 carry into the counter's high word inside one batch of lanes;
+  // the kernel this build runs (AVX-512 in bf16_native_tests on this machine) and the portable one.
   for (const std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7}) {
     const std::uint64_t seed = 0x123456789abcdefULL;
-    std::uint32_t words[4 * detail::kPhiloxLanes];
+    std::uint32_t words[4 * detail::kPhiloxLanes], portable[4 * detail::kPhiloxLanes];
     detail::philox_blocks(seed, offset, words);
+    detail::philox_blocks_portable(seed, offset, portable);
     for (int k = 0; k < detail::kPhiloxLanes; ++k) {
       const auto one = detail::philox_block(seed, offset + static_cast<std::uint64_t>(k));
-      for (int w = 0; w < 4; ++w) CHECK(words[4 * k + w] == one[static_cast<std::size_t>(w)]);
+      for (int w = 0; w < 4; ++w) {
+        CHECK(words[4 * k + w] == one[static_cast<std::size_t>(w)]);
+        CHECK(portable[4 * k + w] == one[static_cast<std::size_t>(w)]);
+      }
     }
     const Generator::State state{seed, offset};
     // Ranges with ragged starts and ends, shorter and longer than one batch of lanes.
     for (const auto& [first, last] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
-             {0, 3}, {1, 70}, {3, 200}, {64, 128}, {7, 7}, {5, 333}}) {
+             {0, 3}, {1, 70}, {3, 200}, {64, 128}, {7, 7}, {5, 333}, {2, 1031}, {250, 515}}) {
       std::vector<std::uint64_t> seen;
       detail::for_each_uniform24(state, first, last, [&](std::uint64_t i, float u) {
         seen.push_back(i);
@@ -36,6 +41,30 @@ TEST_CASE("philox: the lane-batched blocks and every sub-range of a draw match o
       for (std::size_t j = 0; j < seen.size(); ++j) CHECK(seen[j] == first + j);
     }
   }
+}
+
+TEST_CASE("philox: the batched kernels match one block at a time at every carry position and seed",
+          "[core][random]") {
+  // Each lane's low counter word wrapping (first = 2^32 - j for every j a batch spans, and the
+  // counter's top word wrapping too), under seeds that set the key's high and low bits.
+  std::vector<std::uint64_t> offsets{1, 1000003, std::uint64_t{0xfffffffffffffff0ULL}};
+  for (std::uint64_t j = 0; j <= static_cast<std::uint64_t>(detail::kPhiloxLanes); ++j)
+    offsets.push_back((std::uint64_t{1} << 32) - j);
+  constexpr int kMaxLanes = detail::kPhiloxLanes * detail::kPhiloxMaxBatches;
+  for (std::uint64_t j = 0; j <= static_cast<std::uint64_t>(kMaxLanes); j += 5)
+    offsets.push_back((std::uint64_t{1} << 32) - j);
+  std::vector<int> mismatches(detail::kPhiloxMaxBatches + 1, 0);
+  for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{42}, ~std::uint64_t{0}, std::uint64_t{0xdeadbeef00000000ULL}})
+    for (const std::uint64_t offset : offsets)
+      for (int batches = 1; batches <= detail::kPhiloxMaxBatches; ++batches) {
+        std::uint32_t words[4 * kMaxLanes];
+        detail::philox_blocks(seed, offset, words, batches);
+        for (int k = 0; k < batches * detail::kPhiloxLanes; ++k) {
+          const auto one = detail::philox_block(seed, offset + static_cast<std::uint64_t>(k));
+          for (int w = 0; w < 4; ++w) mismatches[static_cast<std::size_t>(batches)] += words[4 * k + w] != one[static_cast<std::size_t>(w)];
+        }
+      }
+  CHECK(mismatches == std::vector<int>(detail::kPhiloxMaxBatches + 1, 0));
 }
 
 TEST_CASE("generator: state is (seed, offset) and restoring it replays the numbers", "[core][random]") {

@@ -13,6 +13,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "remat/core/session.hpp"
 
 namespace remat {
@@ -45,10 +49,10 @@ inline std::array<std::uint32_t, 4> philox_block(std::uint64_t seed, std::uint64
 inline constexpr int kPhiloxLanes = 16;
 
 /// Blocks [first, first + kPhiloxLanes) of the stream keyed by `seed`, in stream order: word w of
-/// block first + k lands in words[4k + w]. The same arithmetic as philox4x32_10, lane by lane, as
+/// block first + k lands in words[4k + w] (4 · kPhiloxLanes words). The same arithmetic as philox4x32_10, lane by lane, as
 /// loops over the lanes so that the compiler turns each into vector multiplies: one block at a
 /// time, Philox was a fifth of a training step with dropout.
-inline void philox_blocks(std::uint64_t seed, std::uint64_t first, std::uint32_t (&words)[4 * kPhiloxLanes]) {
+inline void philox_blocks_portable(std::uint64_t seed, std::uint64_t first, std::uint32_t* words) {
   constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   std::uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
@@ -82,6 +86,103 @@ inline void philox_blocks(std::uint64_t seed, std::uint64_t first, std::uint32_t
     words[4 * k + 2] = c2[k];
     words[4 * k + 3] = c3[k];
   }
+}
+
+#if defined(__AVX512F__)
+// GCC 12's AVX-512 intrinsics fill their unused merge operand from a self-initialised variable,
+// which its uninitialised-use analysis flags in every caller (GCC bug 105593, fixed in 13): the
+// warning is in the compiler's header, not here, and -Werror users would trip on it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// philox_blocks_portable's words for Batches × 16 lanes, one counter word of 16 lanes per
+/// register. GCC vectorises the portable loop with VPMULLQ on zero-extended halves (three µops,
+/// and a permute to split the product) where Philox needs 32×32→64 products, which VPMULUDQ makes
+/// in one µop on the even lanes: two of them (the odd lanes shifted down) and two blends give the
+/// 16 high and low halves. A round's products wait on the last round's, so one batch leaves the
+/// multipliers idle most of the time; independent batches interleaved fill them (on this Zen 4,
+/// words per second against the portable loop: 1 batch 1.35×, 4 batches 5.5×; a dropout mask's
+/// draw 2.4× faster in all). Each batch's 16 blocks leave in stream order through a 4×4 transpose
+/// of 128-bit lanes.
+template <int Batches>
+inline void philox_batches_avx512(std::uint64_t seed, std::uint64_t first, std::uint32_t* words) {
+  static_assert(kPhiloxLanes == 16, "one 512-bit register of 32-bit counters a batch");
+  const auto word = [](std::uint64_t v, int shift) { return static_cast<int>(static_cast<std::uint32_t>(v >> shift)); };
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512i c0[Batches], c1[Batches], c2[Batches], c3[Batches];
+  for (int b = 0; b < Batches; ++b) {
+    const std::uint64_t batch_first = first + static_cast<std::uint64_t>(16 * b);
+    const __m512i first_lo = _mm512_set1_epi32(word(batch_first, 0));
+    c0[b] = _mm512_add_epi32(first_lo, lane);
+    const __mmask16 carry = _mm512_cmplt_epu32_mask(c0[b], first_lo);  // the block's low word wrapped
+    const __m512i first_hi = _mm512_set1_epi32(word(batch_first, 32));
+    c1[b] = _mm512_mask_add_epi32(first_hi, carry, first_hi, _mm512_set1_epi32(1));
+    c2[b] = _mm512_setzero_si512();
+    c3[b] = _mm512_setzero_si512();
+  }
+  const __m512i mul0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m512i mul1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  constexpr __mmask16 kOdd = 0xAAAA;
+  // hi:lo = a * m per 32-bit lane.
+  const auto multiply = [](__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
+    const __m512i even = _mm512_mul_epu32(a, m);
+    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+    hi = _mm512_mask_blend_epi32(kOdd, _mm512_srli_epi64(even, 32), odd);
+    lo = _mm512_mask_blend_epi32(kOdd, even, _mm512_slli_epi64(odd, 32));
+  };
+  std::uint32_t key0 = static_cast<std::uint32_t>(seed), key1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const __m512i k0 = _mm512_set1_epi32(static_cast<int>(key0)), k1 = _mm512_set1_epi32(static_cast<int>(key1));
+    for (int b = 0; b < Batches; ++b) {
+      __m512i hi0, lo0, hi1, lo1;
+      multiply(c0[b], mul0, hi0, lo0);
+      multiply(c2[b], mul1, hi1, lo1);
+      c0[b] = _mm512_xor_si512(_mm512_xor_si512(hi1, c1[b]), k0);
+      c2[b] = _mm512_xor_si512(_mm512_xor_si512(hi0, c3[b]), k1);
+      c1[b] = lo1;
+      c3[b] = lo0;
+    }
+    key0 += 0x9E3779B9u;
+    key1 += 0xBB67AE85u;
+  }
+  for (int b = 0; b < Batches; ++b) {
+    // Per 128-bit lane L: rB holds block 4L + B's four words.
+    const __m512i x = _mm512_unpacklo_epi32(c0[b], c1[b]), y = _mm512_unpackhi_epi32(c0[b], c1[b]);
+    const __m512i z = _mm512_unpacklo_epi32(c2[b], c3[b]), w = _mm512_unpackhi_epi32(c2[b], c3[b]);
+    const __m512i r0 = _mm512_unpacklo_epi64(x, z), r1 = _mm512_unpackhi_epi64(x, z);
+    const __m512i r2 = _mm512_unpacklo_epi64(y, w), r3 = _mm512_unpackhi_epi64(y, w);
+    const __m512i s0 = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));  // blocks 0 4 1 5
+    const __m512i s1 = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));  // 2 6 3 7
+    const __m512i s2 = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));  // 8 12 9 13
+    const __m512i s3 = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(3, 2, 3, 2));  // 10 14 11 15
+    std::uint32_t* out = words + 64 * b;
+    _mm512_storeu_si512(out, _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_si512(out + 32, _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(2, 0, 2, 0)));
+    _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+/// The most batches of kPhiloxLanes blocks philox_blocks makes in one call.
+inline constexpr int kPhiloxMaxBatches = 4;
+
+/// Blocks [first, first + batches · kPhiloxLanes) of the stream keyed by `seed`, in
+/// philox_blocks_portable's layout (4 · kPhiloxLanes words a batch), 1 ≤ batches ≤
+/// kPhiloxMaxBatches: the AVX-512 kernel when the build targets it, the same words either way.
+inline void philox_blocks(std::uint64_t seed, std::uint64_t first, std::uint32_t* words, int batches = 1) {
+#if defined(__AVX512F__)
+  switch (batches) {
+    case 1: return philox_batches_avx512<1>(seed, first, words);
+    case 2: return philox_batches_avx512<2>(seed, first, words);
+    case 3: return philox_batches_avx512<3>(seed, first, words);
+    default: return philox_batches_avx512<kPhiloxMaxBatches>(seed, first, words);
+  }
+#else
+  for (int b = 0; b < batches; ++b)
+    philox_blocks_portable(seed, first + static_cast<std::uint64_t>(b * kPhiloxLanes), words + 4 * kPhiloxLanes * b);
+#endif
 }
 
 }  // namespace detail
@@ -272,17 +373,22 @@ namespace detail {
 /// generated on its own (in parallel, or a (batch, head) of an attention mask), and the same state
 /// rebuilds the same numbers: dropout, fused attention and Generator::uniform all come here, so
 /// they agree by construction. Calls run(i, u, n) for consecutive pieces of the range: u[j] is the
-/// uniform of element i + j, j < n ≤ 4·kPhiloxLanes; a loop over a piece vectorises.
+/// uniform of element i + j, j < n ≤ 4·kPhiloxLanes·kPhiloxMaxBatches; a loop over a piece
+/// vectorises. A call makes as many batches of lanes as the rest of the range needs, up to the
+/// most, so a short range (a causal attention row) draws little past `last` and a long one keeps
+/// the multipliers busy.
 template <class F>
 void for_each_uniform24_run(Generator::State state, std::uint64_t first, std::uint64_t last, F run) {
   constexpr std::uint64_t kRun = 4 * kPhiloxLanes;
-  std::uint32_t words[kRun];
-  float u[kRun];
+  alignas(64) std::uint32_t words[kRun * kPhiloxMaxBatches];
+  alignas(64) float u[kRun * kPhiloxMaxBatches];
   for (std::uint64_t i = first; i < last;) {
     const std::uint64_t base = i / 4 * 4;  // element of words[0]
-    philox_blocks(state.seed, state.offset + base / 4, words);
-    for (std::uint64_t j = 0; j < kRun; ++j) u[j] = static_cast<float>(words[j] >> 8) * 0x1.0p-24f;
-    const std::uint64_t end = std::min(last, base + kRun);
+    const std::uint64_t batches = std::min<std::uint64_t>(kPhiloxMaxBatches, (last - base + kRun - 1) / kRun);
+    philox_blocks(state.seed, state.offset + base / 4, words, static_cast<int>(batches));
+    const std::uint64_t count = batches * kRun;
+    for (std::uint64_t j = 0; j < count; ++j) u[j] = static_cast<float>(words[j] >> 8) * 0x1.0p-24f;
+    const std::uint64_t end = std::min(last, base + count);
     run(i, u + (i - base), end - i);
     i = end;
   }
