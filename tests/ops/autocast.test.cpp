@@ -100,6 +100,33 @@ TEST_CASE("autocast: matmul runs on bfloat16 operands with float32 sums, forward
   }
 }
 
+TEST_CASE("autocast: linear's bias pass, split over threads, is the GEMM's float32 sums plus the bias, rounded once",
+          "[ops][autocast]") {
+  // 2048 rows of 16: the bias pass takes 512-row pieces, so every thread count splits it.
+  Generator g(33);
+  const std::int64_t rows = 2048, in = 24, out = 16;
+  const Tensor x = randn({rows, in}, g), w = randn({out, in}, g), bias = randn({out}, g);
+  Tensor y, plain;
+  {
+    autocast on;
+    y = linear(x, w, bias);
+  }
+  plain = linear(x, w, bias);
+  const BFloat16Tensor xb = to<bfloat16>(x), wb = to<bfloat16>(w);
+  std::vector<float> sums(static_cast<std::size_t>(rows * out)), plain_sums(sums.size());
+  detail::gemm_bf16(false, true, rows, out, in, xb.cdata(), in, wb.cdata(), in, sums.data(), out);
+  detail::gemm(false, true, rows, out, in, x.cdata(), in, w.cdata(), in, plain_sums.data(), out);
+  const std::vector<float> bv = bias.to_vector(), yv = y.to_vector(), pv = plain.to_vector();
+  std::size_t off = 0, plain_off = 0;
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    off += yv[i] != detail::to_float(detail::to_bfloat16(sums[i] + bv[i % 16]));
+    plain_off += pv[i] != plain_sums[i] + bv[i % 16];
+  }
+  CHECK(off == 0);
+  CHECK(plain_off == 0);
+  CHECK(y.storage()->bfloat16_exact());
+}
+
 TEST_CASE("autocast: batched and broadcast matmul, and linear with its bias in float32", "[ops][autocast]") {
   Generator g(32);
   Tensor a = randn({2, 3, 4, 8}, g), b = randn({8, 5}, g), w = randn({6, 8}, g), bias = randn({6}, g);

@@ -4,6 +4,7 @@
 #include "remat/core/autocast.hpp"
 #include "remat/core/gemm.hpp"
 #include "remat/core/produce.hpp"
+#include "remat/core/threads.hpp"
 #include "remat/ops/broadcast_to.hpp"
 #include "remat/ops/detail/dtype.hpp"
 #include "remat/ops/detail/reduce.hpp"
@@ -37,8 +38,24 @@ BasicTensor<T> linear_with(const BasicTensor<T>& x, const BasicTensor<T>& weight
   BasicTensor<T> y = produce<T>(op::linear, Shape(s), flops, {xe, we, bias}, [=] {
     BasicTensor<T> result{Shape(s)};
     gemm(false, true, rows, out, in, xe.cdata(), in, we.cdata(), in, result.data(), out);
-    if (bias.defined()) matrix(result, out).rowwise() += flat(bias).matrix().transpose();
-    if constexpr (!std::is_same_v<E, T>) round_product_output(result);
+    constexpr bool rounds = !std::is_same_v<E, T>;
+    if (bias.defined()) {
+      // One pass for the bias and, under autocast, the rounding (round_product_output's values):
+      // rows on threads, each row's sums then its rounding while it is in cache.
+      T* py = result.data();
+      const T* pb = bias.cdata();
+      parallel_for(rows, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(out, 1)),
+                   [=](std::int64_t r0, std::int64_t r1) {
+                     for (std::int64_t r = r0; r < r1; ++r) {
+                       T* row = py + r * out;
+                       ArrayMap<T>(row, out) += ConstArrayMap<T>(pb, out);
+                       if constexpr (rounds) round_to_bfloat16(row, row, out);
+                     }
+                   });
+      if constexpr (rounds) result.storage()->mark_bfloat16_exact();
+    } else if constexpr (rounds) {
+      round_product_output(result);
+    }
     return result;
   });
   if (grad_needed(x, weight, bias)) {
