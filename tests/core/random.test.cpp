@@ -54,14 +54,16 @@ TEST_CASE("philox: the batched kernels match one block at a time at every carry 
   for (std::uint64_t j = 0; j <= static_cast<std::uint64_t>(kMaxLanes); j += 5)
     offsets.push_back((std::uint64_t{1} << 32) - j);
   std::vector<int> mismatches(detail::kPhiloxMaxBatches + 1, 0);
-  for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{42}, ~std::uint64_t{0}, std::uint64_t{0xdeadbeef00000000ULL}})
+  const std::uint64_t seeds[] = {0, 42, ~std::uint64_t{0}, 0xdeadbeef00000000ULL};
+  for (const std::uint64_t seed : seeds)
     for (const std::uint64_t offset : offsets)
       for (int batches = 1; batches <= detail::kPhiloxMaxBatches; ++batches) {
         std::uint32_t words[4 * kMaxLanes];
         detail::philox_blocks(seed, offset, words, batches);
         for (int k = 0; k < batches * detail::kPhiloxLanes; ++k) {
           const auto one = detail::philox_block(seed, offset + static_cast<std::uint64_t>(k));
-          for (int w = 0; w < 4; ++w) mismatches[static_cast<std::size_t>(batches)] += words[4 * k + w] != one[static_cast<std::size_t>(w)];
+          for (std::size_t w = 0; w < 4; ++w)
+            mismatches[static_cast<std::size_t>(batches)] += words[4 * static_cast<std::size_t>(k) + w] != one[w];
         }
       }
   CHECK(mismatches == std::vector<int>(detail::kPhiloxMaxBatches + 1, 0));

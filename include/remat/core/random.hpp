@@ -49,9 +49,9 @@ inline std::array<std::uint32_t, 4> philox_block(std::uint64_t seed, std::uint64
 inline constexpr int kPhiloxLanes = 16;
 
 /// Blocks [first, first + kPhiloxLanes) of the stream keyed by `seed`, in stream order: word w of
-/// block first + k lands in words[4k + w] (4 · kPhiloxLanes words). The same arithmetic as philox4x32_10, lane by lane, as
-/// loops over the lanes so that the compiler turns each into vector multiplies: one block at a
-/// time, Philox was a fifth of a training step with dropout.
+/// block first + k lands in words[4k + w] (4 · kPhiloxLanes words). The same arithmetic as
+/// philox4x32_10, lane by lane, as loops over the lanes so that the compiler turns each into vector
+/// multiplies: one block at a time, Philox was a fifth of a training step with dropout.
 inline void philox_blocks_portable(std::uint64_t seed, std::uint64_t first, std::uint32_t* words) {
   constexpr std::uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr std::uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
