@@ -102,7 +102,7 @@ TEST_CASE("autocast: matmul runs on bfloat16 operands with float32 sums, forward
 
 TEST_CASE("autocast: linear's bias pass, split over threads, is the GEMM's float32 sums plus the bias, rounded once",
           "[ops][autocast]") {
-  // 2048 rows of 16: the bias pass takes 512-row pieces, so every thread count splits it.
+  // 2048 rows of 16: the bias pass takes 512-row pieces, so any team of two or more splits it.
   Generator g(33);
   const std::int64_t rows = 2048, in = 24, out = 16;
   const Tensor x = randn({rows, in}, g), w = randn({out, in}, g), bias = randn({out}, g);
