@@ -72,12 +72,12 @@ class SegmentReadsListener final : public ScopeListener {
 
   void produced(const OpOutput& out, const std::vector<TensorRef>& values) override {
     for (const TensorRef& v : values) made_at_[v.storage->serial()] = static_cast<std::ptrdiff_t>(out.position);
-    position_ = static_cast<std::ptrdiff_t>(out.position) + 1;
+    took_place(out.position, out.began_serial);
     reads_.ops = hash_op(reads_.ops, out);
   }
 
   void nested(std::size_t position) override {
-    position_ = static_cast<std::ptrdiff_t>(position) + 1;
+    took_place(position, ended_serial_);  // it began after the place before it ended, or later
     reads_.ops = hash_nested(reads_.ops);
   }
 
@@ -89,8 +89,11 @@ class SegmentReadsListener final : public ScopeListener {
         reads_.last_needed = std::max(reads_.last_needed, it->second);
       } else if (storage->serial() >= first_serial_) {
         // Made inside the segment but not by one of its ops (a factory, a user's own kernel, a
-        // nested scope): it may depend on any place so far, so all of those are needed.
-        reads_.last_needed = std::max(reads_.last_needed, position_ - 1);
+        // nested scope, an autocast copy of a product's operand made before the product ran): it
+        // may depend on any place that had begun when it was made, so all of those are needed —
+        // and none after (a GPT block's last product saves the bfloat16 copy of its input, made
+        // before the product: the product itself need not run again).
+        reads_.last_needed = std::max(reads_.last_needed, places_begun_by(storage->serial()) - 1);
       } else if (seen_outside_.insert(storage->serial()).second) {
         reads_.outside.push_back({s.shared_storage(), s.shape(), s.version()});
       }
@@ -98,9 +101,21 @@ class SegmentReadsListener final : public ScopeListener {
   }
 
  private:
+  void took_place(std::size_t position, std::uint64_t began_serial) {
+    began_.resize(position + 1, began_serial);
+    began_[position] = began_serial;
+    ended_serial_ = next_storage_serial(false);
+  }
+
+  /// How many of the places taken so far had begun when the storage of serial `serial` was made.
+  std::ptrdiff_t places_begun_by(std::uint64_t serial) const {
+    return std::upper_bound(began_.begin(), began_.end(), serial) - began_.begin();
+  }
+
   SegmentReads& reads_;
   std::uint64_t first_serial_;
-  std::ptrdiff_t position_ = 0;  // places taken so far (ops and nested scopes)
+  std::uint64_t ended_serial_ = first_serial_;    // when the last place taken ended
+  std::vector<std::uint64_t> began_;              // per place taken (ops and nested scopes): when it began
   std::unordered_map<std::uint64_t, std::ptrdiff_t> made_at_;
   std::unordered_set<std::uint64_t> seen_outside_;
 };

@@ -158,6 +158,9 @@ struct OpOutput {
   const class RecomputeOffer* recompute = nullptr;
   /// OpWork::inner_elements: what the op computes inside and drops (0 for most ops).
   double inner_elements = 0;
+  /// The storage serial when the op began (core/memory.hpp): a storage with a lower serial was made
+  /// before the op ran, so it cannot hold anything the op computes.
+  std::uint64_t began_serial = 0;
 };
 
 /// How to compute an op's outputs again, taken by whoever keeps it (a memory budget): the

@@ -141,6 +141,7 @@ std::tuple<BasicTensor<Ts>...> produce_all(OpId op, const std::array<Shape, size
   for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(shapes[i].numel()) * sizes[i];
   OpOutput out{op, shapes[0], dtypes[0], n, bytes, work.flops, is_replaying(), shapes.data(), dtypes.data()};
   out.inner_elements = work.inner_elements;
+  out.began_serial = next_storage_serial(false);
   if (scope) out.position = scope->ops();
   // The scope hears the op first, then the observers.
   auto made = [&](const std::vector<TensorRef>& values) {
