@@ -28,6 +28,19 @@ TEST_CASE("sgd: plain, momentum and weight decay follow PyTorch's update", "[opt
   mom.step();  // g = 1 + 0.5·0.85 = 1.425, b = 0.9·1.5 + 1.425 = 2.775, q = 0.85 - 0.2775
   CHECK(q.item() == Approx(0.5725f));
   REQUIRE_ERROR(optim::SGD({&q}, {0.1, 0.0, 0.0, true}), "nesterov");
+
+  // Every option combination reads the gradient and leaves it as backward made it.
+  for (const optim::SGDOptions& o : {optim::SGDOptions{0.1}, optim::SGDOptions{0.1, 0.9}, optim::SGDOptions{0.1, 0.9, 0.5},
+                                     optim::SGDOptions{0.1, 0.9, 0.0, true}, optim::SGDOptions{0.1, 0.0, 0.5}}) {
+    INFO("momentum " << o.momentum << ", weight decay " << o.weight_decay << ", nesterov " << o.nesterov);
+    Tensor r = tensor({1.f, -2.f}).requires_grad_();
+    optim::SGD sgd({&r}, o);
+    for (int step = 0; step < 2; ++step) {
+      set_grad(r, {0.5f, 1.f});
+      sgd.step();
+      CHECK(test::values(r.grad()) == std::vector<float>{0.5f, 1.f});
+    }
+  }
 }
 
 TEST_CASE("adamw: first steps match the closed form, with decoupled decay", "[optim][adamw]") {
