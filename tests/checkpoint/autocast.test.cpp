@@ -127,6 +127,34 @@ TEST_CASE("autocast: a parameter written in place inside a long scope is cast ag
   CHECK_SAME_RUNS([&] { return train(false); }, [&] { return train(true); }, 7);
 }
 
+TEST_CASE("autocast: a parameter written in place between a checkpointed forward and its backward is an error",
+          "[checkpoint][autocast][version]") {
+  // The segment saves the weight's cached bfloat16 copy, not the weight; a replay would cast the
+  // changed weight again and differ from the forward, so the weight's version is checked as in
+  // float32. (Without checkpointing the node holds the copy and backward uses it, as PyTorch's.)
+  Generator g(4);
+  nn::Linear lin(4, 4, true, g);
+  const Tensor x = randn({2, 4}, g).requires_grad_();
+  for (const bool bump : {true, false}) {
+    for (int mode = 1; mode < 3; ++mode) {
+      INFO((mode == 1 ? "checkpoint" : "chain") << (bump ? ", weight written" : ", untouched"));
+      Tensor y;
+      {
+        autocast on;
+        if (mode == 1) y = checkpoint(lin, x);
+        else y = checkpoint_sequential(std::vector<ChainStep>(3, [&](const Tensor& h) { return lin(h); }), x, policy::binomial(1));
+      }
+      if (bump) {
+        lin.weight.data()[0] += 0.5f;
+        REQUIRE_ERROR(sum(y).backward(), "modified in place", "(4, 4)");
+      } else {
+        sum(y).backward();
+        CHECK(lin.weight.grad().defined());
+      }
+    }
+  }
+}
+
 TEST_CASE("autocast: with the cast cache off, nothing is kept between a segment's forward and its replay",
           "[checkpoint][autocast]") {
   auto held = [](bool cache) {

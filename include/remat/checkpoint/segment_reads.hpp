@@ -4,16 +4,20 @@
 //   - the last op output a backward reads: a replay computes up to it and no further (early stop);
 //   - the tensors made before the segment that its ops save — parameters, buffers, captured
 //     tensors — with their versions, so an in-place write to one between forward and backward is
-//     the same error it is without checkpointing, not a replay from changed values.
+//     the same error it is without checkpointing, not a replay from changed values (under
+//     autocast, the parameters whose cached bfloat16 copies they save: a replay would cast a
+//     changed parameter again).
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "remat/core/autocast.hpp"
 #include "remat/core/error.hpp"
 #include "remat/core/hash.hpp"
 #include "remat/core/memory.hpp"
@@ -87,6 +91,11 @@ class SegmentReadsListener final : public ScopeListener {
       if (storage == nullptr) continue;
       if (auto it = made_at_.find(storage->serial()); it != made_at_.end()) {
         reads_.last_needed = std::max(reads_.last_needed, it->second);
+      } else if (const auto source = autocast_source(*storage)) {
+        // A parameter's bfloat16 copy (autocast's cache): a replay casts the parameter again
+        // unless it is unchanged, so the parameter is what the segment reads, version and all.
+        if (const auto p = source->storage.lock(); p && seen_outside_.insert(p->serial()).second)
+          reads_.outside.push_back({source->storage, source->shape, source->version});
       } else if (storage->serial() >= first_serial_) {
         // Made inside the segment but not by one of its ops (a factory, a user's own kernel, a
         // nested scope, an autocast copy of a product's operand made before the product ran): it
@@ -101,6 +110,11 @@ class SegmentReadsListener final : public ScopeListener {
   }
 
  private:
+  static std::optional<AutocastCache::Source> autocast_source(const Storage& s) {
+    const AutocastCache* cache = session().autocast_cache.get();
+    return s.parameter() && cache ? cache->source_of(&s) : std::nullopt;
+  }
+
   void took_place(std::size_t position, std::uint64_t began_serial) {
     began_.resize(position + 1, began_serial);
     began_[position] = began_serial;

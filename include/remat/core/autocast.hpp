@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <unordered_map>
 
@@ -81,6 +82,20 @@ class AutocastCache {
     e.copy.storage()->mark_parameter();  // alive with the scope, as its parameter is
     ++stats_.casts;
     return e.copy;
+  }
+
+  /// The parameter a copy held here was made from, and that parameter's version then.
+  struct Source {
+    std::weak_ptr<Storage> storage;
+    Shape shape;
+    std::uint64_t version = 0;
+  };
+  /// The Source of `copy` if it is one of this cache's copies (a scan: a cache holds one entry per
+  /// parameter, and only a checkpointed forward asks, once per product that saves a copy).
+  std::optional<Source> source_of(const Storage* copy) const {
+    for (const auto& [key, e] : entries_)
+      if (e.copy.storage().get() == copy) return Source{e.source, e.copy.shape(), e.version};
+    return std::nullopt;
   }
 
   Stats stats() const {
