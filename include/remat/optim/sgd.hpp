@@ -37,7 +37,7 @@ class SGD : public Optimizer {
         const Tensor grad = p->grad();
         if (!grad.defined()) continue;
         // The gradient itself unless this step writes to it (PyTorch's SGD reads it in place too):
-        // plain SGD copied 6.6 M floats a step of the small GPT for nothing.
+        // a copy per parameter per step was 0.6% of the small GPT's bf16 step.
         const bool writes = wd != 0 || (mu != 0 && opt_.nesterov);
         Tensor g = writes ? detail::copy_of(grad) : grad;
         if (wd != 0) detail::flat(g) += wd * detail::flat(*p);
