@@ -1,5 +1,5 @@
 // The kernels that split their work across threads (element-wise ops, dropout, layer norm,
-// cross-entropy rows, column sums) give the same bits under every team OpenMP may give them: other
+// cross-entropy rows, column sums, narrow's copies and a split's gradient, optimizer steps) give the same bits under every team OpenMP may give them: other
 // thread counts, a dynamic team, inside a user's own parallel region, and from two user threads
 // at once. CTest also runs this file's cases under OMP_THREAD_LIMIT=1, OMP_DYNAMIC=true and
 // OMP_NUM_THREADS=3. (A single GEMM is left out: Eigen's bits follow the team size, see README,
@@ -41,6 +41,27 @@ std::vector<std::vector<float>> kernel_results() {
   Tensor h = randn({4096, 24}, gen), bias = zeros({24}).requires_grad_();  // the bias gradient: a column sum
   sum((h + bias) * (h + bias)).backward();
   out.push_back(bias.grad().to_vector());
+  // narrow's copies by rows, and a split's gradients added into the input's in place.
+  Tensor packed = randn({64, 3 * 1100}, gen).requires_grad_();
+  const std::vector<Tensor> qkv = split(packed * 1.0, 1100, -1);
+  sum(qkv[0] * qkv[1] + qkv[2] * 3.0).backward();
+  out.push_back(qkv[1].to_vector());
+  out.push_back(packed.grad().to_vector());
+  // Optimizer steps on a parameter large enough to split: SGD in each form, AdamW.
+  for (int kind = 0; kind < 4; ++kind) {
+    Tensor w = (x * 1.0).detach().requires_grad_();
+    std::unique_ptr<optim::Optimizer> opt;
+    if (kind == 0) opt = std::make_unique<optim::SGD>(std::vector<Tensor*>{&w}, optim::SGDOptions{0.1});
+    if (kind == 1) opt = std::make_unique<optim::SGD>(std::vector<Tensor*>{&w}, optim::SGDOptions{0.1, 0.9});
+    if (kind == 2) opt = std::make_unique<optim::SGD>(std::vector<Tensor*>{&w}, optim::SGDOptions{0.1, 0.9, 0.01, true});
+    if (kind == 3) opt = std::make_unique<optim::AdamW>(std::vector<Tensor*>{&w});
+    for (int step = 0; step < 2; ++step) {
+      sum(w * w * x).backward();
+      opt->step();
+      opt->zero_grad();
+    }
+    out.push_back(w.to_vector());
+  }
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "remat/core/saved_tensor.hpp"
 #include "remat/core/tangent.hpp"
 #include "remat/core/tensor.hpp"
+#include "remat/core/threads.hpp"
 #include "remat/core/timeline.hpp"
 
 namespace remat::detail {
@@ -106,10 +107,29 @@ void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false
     meta.grad = g.storage().use_count() == 1 && !g.meta() ? std::move(g) : copy_of(g);
   } else {
     if (meta.grad.meta()) meta.grad = copy_of(meta.grad);  // left by a create_graph backward
-    flat(meta.grad) += flat(g);
+    // On threads: a sum into a gradient that two ops feed (the residual stream's) is otherwise
+    // serial work the other thread waits through; element-wise, so the same bits on any count.
+    T* sum = meta.grad.data();
+    const T* add = g.cdata();
+    parallel_for(g.numel(), kElementGrain, [=](std::int64_t b, std::int64_t e) {
+      ArrayMap<T>(sum + b, e - b) += ConstArrayMap<T>(add + b, e - b);
+    });
   }
   // Under grad() no .grad changes for good: observers (data parallel's reduction) hear nothing.
   if (meta.is_leaf() && !capture) notify([&](Observer& o) { o.leaf_grad(&meta); });
+}
+
+/// accumulate_grad of a gradient that is zero outside a part of the tensor (narrow's): where
+/// accumulate_grad would add it in place, add_into(grad) adds the part alone (x + 0 is x, so the
+/// same sums), and the zeros are neither written nor added; everywhere else (no gradient yet, a
+/// recorded backward, a dry run, grad()'s capture) the whole gradient, dense(), goes through it.
+template <class T, class Dense, class AddInto>
+void accumulate_grad_part(AutogradMeta<T>& meta, bool graph, Dense dense, AddInto add_into) {
+  const bool in_place = !graph && meta.grad.defined() && !meta.grad.meta() && session().dry_run_first_node == 0 &&
+                        !(meta.is_leaf() && session().grad_capture);
+  if (!in_place) return accumulate_grad(meta, dense(), graph);
+  add_into(meta.grad);
+  if (meta.is_leaf()) notify([&](Observer& o) { o.leaf_grad(&meta); });
 }
 
 /// A node whose inputs hold elements of type In and whose outputs hold Out: the same type for
@@ -146,6 +166,15 @@ class BackwardContext {
   const BasicTensor<Out>& grad_output(std::size_t i = 0);
   /// Whether output i received a gradient (ask before grad_output(i), which fills in zeros).
   bool has_grad_output(std::size_t i) const { return i < grad_outputs_.size() && grad_outputs_[i].defined(); }
+  /// The gradient of output i (zeros when it received none), handed over: the node keeps no
+  /// reference, so a backward that passes it on unchanged (a reshape, the residual branch of an add)
+  /// lets the input adopt the buffer where a shared one would be copied. Output i is not asked for
+  /// again by that backward.
+  BasicTensor<Out> take_grad_output(std::size_t i = 0) {
+    BasicTensor<Out> g = grad_output(i);
+    grad_outputs_[i] = BasicTensor<Out>();
+    return g;
+  }
   /// `data` carrying input i's autograd identity when input i needs a gradient (else plain data):
   /// ops recorded on it add their gradients straight into input i, each as it runs. A replay
   /// builds its inputs this way so that an input also used outside the segment accumulates its
@@ -163,8 +192,18 @@ class BackwardContext {
   bool needs_grad(std::size_t i) const;
   /// Adds g into input i's gradient; g must have that input's shape.
   void accumulate(std::size_t i, BasicTensor<In> g);
+  /// accumulate(i, dense()) for a gradient that is zero outside a part of input i: add_into(grad)
+  /// adds that part into the gradient input i already has, when it can be summed in place
+  /// (accumulate_grad_part); dense() is made only otherwise.
+  template <class Dense, class AddInto>
+  void accumulate_part(std::size_t i, Dense dense, AddInto add_into) {
+    if (needs_grad(i)) accumulate_grad_part(gradient_of(i), create_graph_, dense, add_into);
+  }
 
  private:
+  /// Input i's autograd metadata, to add a gradient into (checked: its graph is not freed).
+  AutogradMeta<In>& gradient_of(std::size_t i);
+
   TypedNode<In, Out>& node_;
   std::vector<BasicTensor<Out>>& grad_outputs_;
   bool retain_graph_;
@@ -376,12 +415,17 @@ template <class In, class Out>
 void BackwardContext<In, Out>::accumulate(std::size_t i, BasicTensor<In> g) {
   if (!needs_grad(i)) return;
   REMAT_ASSERT(g.shape() == node_.input_shapes_[i]);
+  accumulate_grad(gradient_of(i), std::move(g), create_graph_);
+}
+
+template <class In, class Out>
+AutogradMeta<In>& BackwardContext<In, Out>::gradient_of(std::size_t i) {
   AutogradMeta<In>& input = *node_.inputs_[i];
   REMAT_CHECK(!input.history_freed,
               "backward: op '{}' passes a gradient to an input of shape {} whose own graph was "
               "already freed by an earlier backward; pass retain_graph=true to that backward",
               node_.name(), node_.input_shapes_[i]);
-  accumulate_grad(input, std::move(g), create_graph_);
+  return input;
 }
 
 }  // namespace remat::detail

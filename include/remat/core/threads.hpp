@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <initializer_list>
 
 #include <Eigen/Core>
 #ifdef _OPENMP
@@ -54,6 +55,21 @@ void parallel_for(std::int64_t n, [[maybe_unused]] std::int64_t grain, F f) {
   }
 #endif
   f(std::int64_t{0}, n);
+}
+
+/// parallel_for over elements of float arrays that Eigen expressions read and write: pieces
+/// begin at multiples of 16 elements (64 bytes), so where the arrays begin on 64-byte lines (every
+/// storage of 256 bytes or more does) each piece's packets and scalar tail are the whole range's,
+/// and the bits are the serial loop's whatever the team. Arrays not on such lines run serially.
+template <class F>
+void parallel_for_lines(std::int64_t n, std::int64_t grain, std::initializer_list<const void*> arrays, F f) {
+  constexpr std::int64_t kLine = 16;
+  bool on_lines = true;
+  for (const void* a : arrays) on_lines = on_lines && reinterpret_cast<std::uintptr_t>(a) % 64 == 0;
+  if (!on_lines) return f(std::int64_t{0}, n);
+  parallel_for((n + kLine - 1) / kLine, std::max<std::int64_t>(1, grain / kLine), [&](std::int64_t l0, std::int64_t l1) {
+    f(l0 * kLine, std::min(l1 * kLine, n));
+  });
 }
 
 /// Runs first() and second() at the same time, one on each of two threads, when the kernels have

@@ -55,7 +55,8 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
     if (detail::grad_needed(h, residual))
       detail::record<T>(op::dropout_add, {h, residual}, {&y}, {},
                         [draw, at_entry, threshold, scale, n](detail::BackwardContext<T>& ctx) {
-                          const BasicTensor<T>& dy = ctx.grad_output();
+                          // Taken: the residual's gradient is dy itself, adopted rather than copied.
+                          BasicTensor<T> dy = ctx.take_grad_output();
                           if (ctx.create_graph()) {  // the same mask, as a recorded dropout
                             if (ctx.needs_grad(0)) ctx.accumulate(0, detail::apply_dropout(dy, draw));
                             if (ctx.needs_grad(1)) ctx.accumulate(1, dy);
@@ -66,7 +67,7 @@ BasicTensor<T> dropout_add(const BasicTensor<T>& h, const BasicTensor<T>& residu
                             detail::apply_dropout_mask(dy.cdata(), dh.data(), n, threshold, scale, at_entry);
                             ctx.accumulate(0, std::move(dh));
                           }
-                          if (ctx.needs_grad(1)) ctx.accumulate(1, dy);
+                          if (ctx.needs_grad(1)) ctx.accumulate(1, std::move(dy));
                         });
     detail::push_tangent(y, [&](const BasicTensor<T>& th, const BasicTensor<T>& tr) {
       return detail::tangent_sum(th.defined() ? detail::apply_dropout(th, draw) : BasicTensor<T>(), tr);

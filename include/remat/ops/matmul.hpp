@@ -187,14 +187,17 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
             if (db) ctx.accumulate(1, std::move(gb));
             return;
           }
+          // Batches that share an operand's matrix (broadcast) sum their gradients into it; without
+          // a broadcast each batch writes its own slice once, so nothing is zeroed first.
+          const bool sums = batches.broadcast;
           BasicTensor<T> ga, gb;
           if (da) {
             ga = BasicTensor<T>(sa);
-            detail::flat(ga).setZero();
+            if (sums) detail::flat(ga).setZero();
           }
           if (db) {
             gb = BasicTensor<T>(sb);
-            detail::flat(gb).setZero();
+            if (sums) detail::flat(gb).setZero();
           }
           const E* pdc = dc.cdata();
           const E* pbv = da ? bv.cdata() : nullptr;
@@ -204,8 +207,8 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
           detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
             const auto u = static_cast<std::size_t>(i);
             const E* dci = pdc + i * M * N;
-            if (da) grad_a(M, dci, pbv + batches.b_offset[u], pga + batches.a_offset[u], /*accumulate=*/true);
-            if (db) grad_b(M, dci, pav + batches.a_offset[u], pgb + batches.b_offset[u], /*accumulate=*/true);
+            if (da) grad_a(M, dci, pbv + batches.b_offset[u], pga + batches.a_offset[u], sums);
+            if (db) grad_b(M, dci, pav + batches.a_offset[u], pgb + batches.b_offset[u], sums);
           });
           if (da) ctx.accumulate(0, std::move(ga));
           if (db) ctx.accumulate(1, std::move(gb));

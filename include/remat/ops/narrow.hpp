@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <cstring>
 
 #include "remat/core/produce.hpp"
@@ -11,6 +12,14 @@ inline const OpId narrow = register_op("narrow", tangent_rule);
 
 namespace detail {
 
+/// f(o0, o1) over the outer index of tensors laid out as (outer, n, inner), on threads when each
+/// piece moves at least kElementGrain of `per_outer` elements (q, k and v out of a packed
+/// projection are a serial copy otherwise, while the other thread waits).
+template <class F>
+void for_outer(std::int64_t outer, std::int64_t per_outer, F f) {
+  parallel_for(outer, std::max<std::int64_t>(1, kElementGrain / std::max<std::int64_t>(per_outer, 1)), f);
+}
+
 /// Copies a block of `length` positions along `dim` between tensors laid out as (outer, n, inner):
 /// from src positions [src_start, +length) to dst positions [dst_start, +length).
 template <class T>
@@ -22,8 +31,10 @@ void copy_along(const BasicTensor<T>& src, std::int64_t src_start, BasicTensor<T
   T* pd = dst.data();
   const std::size_t bytes = static_cast<std::size_t>(length * inner) * sizeof(T);
   if (bytes == 0) return;
-  for (std::int64_t o = 0; o < outer; ++o)
-    std::memcpy(pd + (o * nd + dst_start) * inner, ps + (o * ns + src_start) * inner, bytes);
+  for_outer(outer, length * inner, [=](std::int64_t o0, std::int64_t o1) {
+    for (std::int64_t o = o0; o < o1; ++o)
+      std::memcpy(pd + (o * nd + dst_start) * inner, ps + (o * ns + src_start) * inner, bytes);
+  });
 }
 
 /// x's positions [start, start + length) along `dim`, copied out: narrow's forward, and the first
@@ -40,9 +51,34 @@ BasicTensor<T> take_along(const BasicTensor<T>& x, int dim, std::int64_t start, 
 template <class T>
 BasicTensor<T> place_along(const BasicTensor<T>& part, const Shape& shape, int dim, std::int64_t start) {
   BasicTensor<T> out(shape);
-  flat(out).setZero();
-  copy_along(part, 0, out, start, dim, part.shape()[dim]);
+  const std::int64_t outer = shape.outer(dim), inner = shape.inner(dim), n = shape[dim];
+  const std::int64_t length = part.shape()[dim], end = start + length;
+  const T* pp = part.data();
+  T* po = out.data();
+  // Row by row: zeros before the part, the part, zeros after (each element written once).
+  for_outer(outer, n * inner, [=](std::int64_t o0, std::int64_t o1) {
+    for (std::int64_t o = o0; o < o1; ++o) {
+      T* row = po + o * n * inner;
+      std::fill(row, row + start * inner, T(0));
+      if (length) std::memcpy(row + start * inner, pp + o * length * inner, static_cast<std::size_t>(length * inner) * sizeof(T));
+      std::fill(row + end * inner, row + n * inner, T(0));
+    }
+  });
   return out;
+}
+
+/// sum's positions [start, start + part.size(dim)) along `dim` += part: place_along(part, ...)
+/// added into sum without the zeros.
+template <class T>
+void add_along(const BasicTensor<T>& part, BasicTensor<T>& sum, int dim, std::int64_t start) {
+  const std::int64_t outer = sum.shape().outer(dim), inner = sum.shape().inner(dim), n = sum.shape()[dim];
+  const std::int64_t block = part.shape()[dim] * inner;
+  const T* pp = part.data();
+  T* ps = sum.data();
+  for_outer(outer, block, [=](std::int64_t o0, std::int64_t o1) {
+    for (std::int64_t o = o0; o < o1; ++o)
+      ArrayMap<T>(ps + (o * n + start) * inner, block) += ConstArrayMap<T>(pp + o * block, block);
+  });
 }
 
 }  // namespace detail
@@ -93,7 +129,11 @@ BasicTensor<T> narrow(const BasicTensor<T>& x, std::int64_t dim, std::int64_t st
     detail::record<T>(op::narrow, {x}, {&y}, {}, [shape = x.shape(), d, start](detail::BackwardContext<T>& ctx) {
       // Recorded (create_graph), the same copy as an op of its own.
       if (ctx.create_graph()) return ctx.accumulate(0, detail::narrow_backward(ctx.grad_output(), shape, d, start));
-      ctx.accumulate(0, detail::place_along(ctx.grad_output(), shape, d, start));
+      // A split's parts each add their own range: only the first makes the whole gradient.
+      const BasicTensor<T>& dy = ctx.grad_output();
+      ctx.accumulate_part(
+          0, [&] { return detail::place_along(dy, shape, d, start); },
+          [&](BasicTensor<T>& sum) { detail::add_along(dy, sum, d, start); });
     });
   detail::push_tangent(y, [&](const BasicTensor<T>& t) { return narrow(t, d, start, length); }, x);
   return y;

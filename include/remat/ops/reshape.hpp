@@ -9,6 +9,16 @@ namespace op {
 inline const OpId reshape = register_op("reshape", tangent_rule);
 }  // namespace op
 
+namespace detail {
+/// t's storage under another shape, t's own reference dropped: a buffer nothing else holds stays
+/// that way, so a gradient passed on reshaped is adopted by its input, never copied.
+template <class T>
+BasicTensor<T> with_shape(BasicTensor<T> t, const Shape& shape) {
+  std::shared_ptr<Storage> storage = t.storage();
+  t = BasicTensor<T>();
+  return BasicTensor<T>(std::move(storage), shape);
+}
+}  // namespace detail
 
 /// y = x with a new shape and the same data (a view: storage is shared). One size may be -1 and
 /// is inferred.  dx = dy reshaped back.  Saves: nothing.
@@ -41,7 +51,7 @@ BasicTensor<T> reshape(const BasicTensor<T>& x, std::vector<std::int64_t> sizes)
   if (detail::grad_needed(x))
     detail::record<T>(op::reshape, {x}, {&y}, {}, [in = x.shape()](detail::BackwardContext<T>& ctx) {
       if (ctx.create_graph()) ctx.accumulate(0, reshape(ctx.grad_output(), in.vec()));
-      else ctx.accumulate(0, BasicTensor<T>(ctx.grad_output().storage(), in));
+      else ctx.accumulate(0, detail::with_shape(ctx.take_grad_output(), in));
     });
   detail::push_tangent(y, [&](const BasicTensor<T>& t) { return reshape(t, shape.vec()); }, x);
   return y;

@@ -4,6 +4,7 @@
 
 #include "remat/core/factory.hpp"
 #include "remat/core/autograd.hpp"
+#include "remat/core/threads.hpp"
 #include "remat/optim/optimizer.hpp"
 
 namespace remat::optim {
@@ -90,7 +91,13 @@ class AdamW : public Optimizer {
           s.m = zeros(p->shape());
           s.v = zeros(p->shape());
         }
-        c.update(p->data(), s.m.data(), s.v.data(), grad.data(), p->numel(), decay);
+        // On threads: update() is exact per element wherever a piece begins (see there).
+        float* w = p->data();
+        float* m = s.m.data();
+        float* v = s.v.data();
+        const float* g = grad.cdata();
+        parallel_for(p->numel(), kElementGrain,
+                     [&](std::int64_t i0, std::int64_t i1) { c.update(w + i0, m + i0, v + i0, g + i0, i1 - i0, decay); });
       }
     }
   }
