@@ -122,7 +122,8 @@ TEST_CASE("memory: a split's parts add their gradients into the input's in place
     const std::vector<float> g = x.grad().to_vector();
     for (std::int64_t i = 0; i < rows * 3 * part; ++i) {
       const float expected = static_cast<float>(1 + (i % (3 * part)) / part) + (used_whole ? 1.0f : 0.0f);
-      if (g[static_cast<std::size_t>(i)] != expected) FAIL("x.grad[" << i << "] = " << g[static_cast<std::size_t>(i)] << ", expected " << expected);
+      const float got = g[static_cast<std::size_t>(i)];
+      if (got != expected) FAIL("x.grad[" << i << "] = " << got << ", expected " << expected);
     }
   }
 }

@@ -1,9 +1,10 @@
 // The kernels that split their work across threads (element-wise ops, dropout, layer norm,
-// cross-entropy rows, column sums, narrow's copies and a split's gradient, optimizer steps) give the same bits under every team OpenMP may give them: other
-// thread counts, a dynamic team, inside a user's own parallel region, and from two user threads
-// at once. CTest also runs this file's cases under OMP_THREAD_LIMIT=1, OMP_DYNAMIC=true and
-// OMP_NUM_THREADS=3. (A single GEMM is left out: Eigen's bits follow the team size, see README,
-// Threads; two small products run at once, one per thread, give the one-thread bits.)
+// cross-entropy rows, column sums, narrow's copies and a split's gradient, optimizer steps) give
+// the same bits under every team OpenMP may give them: other thread counts, a dynamic team, inside
+// a user's own parallel region, and from two user threads at once. CTest also runs this file's
+// cases under OMP_THREAD_LIMIT=1, OMP_DYNAMIC=true and OMP_NUM_THREADS=3. (A single GEMM is left
+// out: Eigen's bits follow the team size, see README, Threads; two small products run at once, one
+// per thread, give the one-thread bits.)
 #include <atomic>
 #include <optional>
 #include <thread>
@@ -50,11 +51,12 @@ std::vector<std::vector<float>> kernel_results() {
   // Optimizer steps on a parameter large enough to split: SGD in each form, AdamW.
   for (int kind = 0; kind < 4; ++kind) {
     Tensor w = (x * 1.0).detach().requires_grad_();
+    const std::vector<Tensor*> params{&w};
     std::unique_ptr<optim::Optimizer> opt;
-    if (kind == 0) opt = std::make_unique<optim::SGD>(std::vector<Tensor*>{&w}, optim::SGDOptions{0.1});
-    if (kind == 1) opt = std::make_unique<optim::SGD>(std::vector<Tensor*>{&w}, optim::SGDOptions{0.1, 0.9});
-    if (kind == 2) opt = std::make_unique<optim::SGD>(std::vector<Tensor*>{&w}, optim::SGDOptions{0.1, 0.9, 0.01, true});
-    if (kind == 3) opt = std::make_unique<optim::AdamW>(std::vector<Tensor*>{&w});
+    if (kind == 0) opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{0.1});
+    if (kind == 1) opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{0.1, 0.9});
+    if (kind == 2) opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{0.1, 0.9, 0.01, true});
+    if (kind == 3) opt = std::make_unique<optim::AdamW>(params);
     for (int step = 0; step < 2; ++step) {
       sum(w * w * x).backward();
       opt->step();

@@ -86,11 +86,14 @@ class Node {
 template <class T>
 BasicTensor<T> recorded_sum(const BasicTensor<T>& a, const BasicTensor<T>& b);
 
-/// Adds g into meta's gradient. In a backward that records its ops (`graph`), g may carry a graph
-/// of its own: it is kept as it is and sums are recorded, never written in place, so that the
-/// gradient can be differentiated again.
-template <class T>
-void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false) {
+/// Adds a gradient into meta's. It comes in two forms: dense() makes the whole of it, and
+/// add_into(grad) adds it into a gradient meta already has, in place; a gradient that is zero
+/// outside a part of the tensor (narrow's) adds that part alone there (x + 0 is x: the same sums)
+/// and is made whole only where it is adopted or recorded. In a backward that records its ops
+/// (`graph`), the gradient may carry a graph of its own: it is kept as it is and sums are
+/// recorded, never written in place, so that the gradient can be differentiated again.
+template <class T, class Dense, class AddInto>
+void accumulate_grad_with(AutogradMeta<T>& meta, bool graph, Dense dense, AddInto add_into) {
   // A dry run's gradients stay inside it: none into a leaf, nor into a tensor made before it (a
   // parameter computed from another), whose node a later walk would send it on from.
   if (const std::uint64_t first = session().dry_run_first_node; first != 0 && (meta.is_leaf() || meta.node_id < first))
@@ -100,36 +103,33 @@ void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false
   if (graph) {
     // A plain buffer another tensor shares is copied (a later in-place sum would reach both);
     // one with a graph is never written in place, so it is kept as it is.
+    BasicTensor<T> g = dense();
     if (!meta.grad.defined()) meta.grad = g.meta() || g.storage().use_count() == 1 ? std::move(g) : copy_of(g);
     else meta.grad = recorded_sum(meta.grad, g);
   } else if (!meta.grad.defined()) {
     // Adopt the buffer when nothing else holds it; otherwise copy, so two gradients never alias.
+    BasicTensor<T> g = dense();
     meta.grad = g.storage().use_count() == 1 && !g.meta() ? std::move(g) : copy_of(g);
   } else {
     if (meta.grad.meta()) meta.grad = copy_of(meta.grad);  // left by a create_graph backward
-    // On threads: a sum into a gradient that two ops feed (the residual stream's) is otherwise
-    // serial work the other thread waits through; element-wise, so the same bits on any count.
-    T* sum = meta.grad.data();
-    const T* add = g.cdata();
-    parallel_for(g.numel(), kElementGrain, [=](std::int64_t b, std::int64_t e) {
-      ArrayMap<T>(sum + b, e - b) += ConstArrayMap<T>(add + b, e - b);
-    });
+    add_into(meta.grad);
   }
   // Under grad() no .grad changes for good: observers (data parallel's reduction) hear nothing.
   if (meta.is_leaf() && !capture) notify([&](Observer& o) { o.leaf_grad(&meta); });
 }
 
-/// accumulate_grad of a gradient that is zero outside a part of the tensor (narrow's): where
-/// accumulate_grad would add it in place, add_into(grad) adds the part alone (x + 0 is x, so the
-/// same sums), and the zeros are neither written nor added; everywhere else (no gradient yet, a
-/// recorded backward, a dry run, grad()'s capture) the whole gradient, dense(), goes through it.
-template <class T, class Dense, class AddInto>
-void accumulate_grad_part(AutogradMeta<T>& meta, bool graph, Dense dense, AddInto add_into) {
-  const bool in_place = !graph && meta.grad.defined() && !meta.grad.meta() && session().dry_run_first_node == 0 &&
-                        !(meta.is_leaf() && session().grad_capture);
-  if (!in_place) return accumulate_grad(meta, dense(), graph);
-  add_into(meta.grad);
-  if (meta.is_leaf()) notify([&](Observer& o) { o.leaf_grad(&meta); });
+/// Adds g into meta's gradient (accumulate_grad_with, g whole).
+template <class T>
+void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false) {
+  accumulate_grad_with(meta, graph, [&] { return std::move(g); }, [&](BasicTensor<T>& sum) {
+    // On threads: a sum into a gradient that two ops feed (the residual stream's) is otherwise
+    // serial work the other thread waits through; element-wise, so the same bits on any count.
+    T* into = sum.data();
+    const T* add = g.cdata();
+    parallel_for(g.numel(), kElementGrain, [=](std::int64_t b, std::int64_t e) {
+      ArrayMap<T>(into + b, e - b) += ConstArrayMap<T>(add + b, e - b);
+    });
+  });
 }
 
 /// A node whose inputs hold elements of type In and whose outputs hold Out: the same type for
@@ -193,11 +193,11 @@ class BackwardContext {
   /// Adds g into input i's gradient; g must have that input's shape.
   void accumulate(std::size_t i, BasicTensor<In> g);
   /// accumulate(i, dense()) for a gradient that is zero outside a part of input i: add_into(grad)
-  /// adds that part into the gradient input i already has, when it can be summed in place
-  /// (accumulate_grad_part); dense() is made only otherwise.
+  /// adds that part into the gradient input i already has (accumulate_grad_with); dense() is made
+  /// only where there is none yet or the sum is recorded.
   template <class Dense, class AddInto>
   void accumulate_part(std::size_t i, Dense dense, AddInto add_into) {
-    if (needs_grad(i)) accumulate_grad_part(gradient_of(i), create_graph_, dense, add_into);
+    if (needs_grad(i)) accumulate_grad_with(gradient_of(i), create_graph_, dense, add_into);
   }
 
  private:

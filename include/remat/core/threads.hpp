@@ -67,9 +67,9 @@ void parallel_for_lines(std::int64_t n, std::int64_t grain, std::initializer_lis
   bool on_lines = true;
   for (const void* a : arrays) on_lines = on_lines && reinterpret_cast<std::uintptr_t>(a) % 64 == 0;
   if (!on_lines) return f(std::int64_t{0}, n);
-  parallel_for((n + kLine - 1) / kLine, std::max<std::int64_t>(1, grain / kLine), [&](std::int64_t l0, std::int64_t l1) {
-    f(l0 * kLine, std::min(l1 * kLine, n));
-  });
+  const std::int64_t lines = (n + kLine - 1) / kLine;
+  parallel_for(lines, std::max<std::int64_t>(1, grain / kLine),
+               [&](std::int64_t l0, std::int64_t l1) { f(l0 * kLine, std::min(l1 * kLine, n)); });
 }
 
 /// Runs first() and second() at the same time, one on each of two threads, when the kernels have

@@ -60,7 +60,7 @@ BasicTensor<T> place_along(const BasicTensor<T>& part, const Shape& shape, int d
     for (std::int64_t o = o0; o < o1; ++o) {
       T* row = po + o * n * inner;
       std::fill(row, row + start * inner, T(0));
-      if (length) std::memcpy(row + start * inner, pp + o * length * inner, static_cast<std::size_t>(length * inner) * sizeof(T));
+      std::copy(pp + o * length * inner, pp + (o + 1) * length * inner, row + start * inner);
       std::fill(row + end * inner, row + n * inner, T(0));
     }
   });

@@ -96,8 +96,9 @@ class AdamW : public Optimizer {
         float* m = s.m.data();
         float* v = s.v.data();
         const float* g = grad.cdata();
-        parallel_for(p->numel(), kElementGrain,
-                     [&](std::int64_t i0, std::int64_t i1) { c.update(w + i0, m + i0, v + i0, g + i0, i1 - i0, decay); });
+        parallel_for(p->numel(), kElementGrain, [&](std::int64_t i0, std::int64_t i1) {
+          c.update(w + i0, m + i0, v + i0, g + i0, i1 - i0, decay);
+        });
       }
     }
   }
