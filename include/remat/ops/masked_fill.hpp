@@ -27,8 +27,18 @@ BasicTensor<T> masked_select_fill(const BasicTensor<T>& x, const BoolTensor& mas
                  for (std::int64_t r = r0; r < r1; ++r) {
                    const std::int64_t i2 = r % n[2], i1 = (r / n[2]) % n[1], i0 = r / (n[2] * n[1]);
                    const bool* row = pm + i0 * sm[0] + i1 * sm[1] + i2 * sm[2];
-                   for (std::int64_t i3 = 0; i3 < n[3]; ++i3)
-                     po[r * n[3] + i3] = row[i3 * sm[3]] ? fill : px[r * n[3] + i3];
+                   const T* xr = px + r * n[3];
+                   T* yr = po + r * n[3];
+                   if (sm[3] == 1) {
+                     // A mask row as stored (a causal mask's): read as bytes and selected against a
+                     // local fill, the compiler vectorises it (as bools, or with fill behind a
+                     // reference a store may alias, it branches per element).
+                     const auto* m = reinterpret_cast<const unsigned char*>(row);
+                     const T f = fill;
+                     for (std::int64_t i3 = 0; i3 < n[3]; ++i3) yr[i3] = m[i3] != 0 ? f : xr[i3];
+                   } else {
+                     for (std::int64_t i3 = 0; i3 < n[3]; ++i3) yr[i3] = row[i3 * sm[3]] ? fill : xr[i3];
+                   }
                  }
                });
   return out;
