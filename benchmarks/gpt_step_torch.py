@@ -5,8 +5,10 @@ backward, SGD) and the same modes, timed per step, with the peak of bytes saved 
 --precision bf16 runs each step's forward under torch.autocast("cpu", dtype=torch.bfloat16) and its
 backward outside it (PyTorch's documented pattern; autocast's default weight-cast cache on), the
 peer of bench_gpt_step --precision bf16; the weights, gradients and SGD stay float32.
-Prints one JSON line. Run by run.py with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset for it alone."""
+Prints one JSON line, with the core OpenBLAS chose (its kernels; a generic one, Prescott, is several
+times slower). Run by run.py in the OpenBLAS environment its probe found fastest (peer_blas_env)."""
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -18,6 +20,17 @@ import torch
 # The reference GPT is shared with the parity test, so the peer computes what remat computes.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 from torch_gpt import GPT  # noqa: E402
+
+
+def blas_core():
+    """The core whose kernels the system BLAS runs (OpenBLAS's name for it), or "unknown" when the
+    BLAS torch loaded is not OpenBLAS."""
+    try:
+        blas = ctypes.CDLL("libblas.so.3")  # the instance torch loaded: dlopen returns the same one
+        blas.openblas_get_corename.restype = ctypes.c_char_p
+        return blas.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"
 
 
 class SavedBytes:
@@ -80,8 +93,8 @@ def main():
         if s >= a.warmup:
             ms.append(round(t, 3))
         peak = max(peak, counter.peak)
-    print(json.dumps({"impl": "torch", "precision": a.precision, "mode": a.mode, "ms": ms, "saved_peak": peak, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__}))
+    print(json.dumps({"impl": "torch", "precision": a.precision, "mode": a.mode, "ms": ms, "saved_peak": peak,
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "blas_core": blas_core()}))
 
 
 if __name__ == "__main__":
