@@ -94,7 +94,7 @@ class BudgetDisk {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     written_ += static_cast<double>(s.bytes());
     write_seconds_ += seconds;
-    files_[s.serial()] = {path, s.bytes(), fnv1a(s.raw_data(), s.bytes())};
+    files_[s.serial()] = {path, s.bytes(), checksum64(s.raw_data(), s.bytes())};
     return seconds;
   }
 
@@ -122,7 +122,7 @@ class BudgetDisk {
                   "MemoryBudget: the file '{}' does not hold the {} B written to it", file.path, file.bytes);
       ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
     }
-    REMAT_CHECK(fnv1a(fresh.raw_data(), file.bytes) == file.hash,
+    REMAT_CHECK(checksum64(fresh.raw_data(), file.bytes) == file.hash,
                 "MemoryBudget: the file '{}' was altered since it was written (its bytes' hash differs)", file.path);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     read_ += static_cast<double>(file.bytes);
