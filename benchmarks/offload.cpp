@@ -4,15 +4,18 @@
 //
 //   bench_offload [--layers 8] [--width 256] [--heads 4] [--context 128] [--batch 8] [--vocab 256]
 //                 [--dropout 0.1] [--rounds 7] [--dir /var/tmp] [--min 1048576] [--prefetch 4] [--direct 1]
-//                 [--curve 0]
+//                 [--curve 0] [--reuse 0]
 //
 // Settings: blocks in RAM; blocks with its boundaries offloaded (SavedBy::checkpoint); none in RAM;
-// none with every saved tensor of at least --min offloaded. Columns: the step's wall time (forward
-// and backward); what the step holds for backward when its forward ends (memory_stats()'s live
-// bytes above the step's start, the store's tensors still waiting for their write included); the
-// step's peak of live bytes above its start; the store's own peak RAM (waiting writes and the
-// read-ahead arena); the saved-for-backward books' peak (what nodes hold themselves); the bytes
-// written; late reads of reads; and whether the gradients are bitwise those of the same policy in RAM.
+// none with every saved tensor of at least --min offloaded; and both offloads again with
+// OffloadOptions::reuse_files (each step overwrites the files the one before it kept; the warm-up
+// round makes them). Columns: the step's wall time (forward and backward); what the step holds
+// for backward when its forward ends (memory_stats()'s live bytes above the step's start, the
+// store's tensors still waiting for their write included; median and range over the rounds); the
+// step's peak of live bytes above its start, the store's own peak RAM (waiting writes and the
+// read-ahead arena), the saved-for-backward books' peak (what nodes hold themselves) and the bytes
+// written, in the last round; late reads of reads, over all rounds; and whether the gradients are
+// bitwise those of the same policy in RAM.
 //
 // --curve 1: the trade curve instead (benchmarks/offload_curve.py plots it): one JSON line per
 // setting — hand-placed policies in RAM, MemoryBudget alone at fractions of no checkpointing's
@@ -20,6 +23,7 @@
 // a budget with an Offload inside it (the offload takes what is ≥ 4 MiB, the budget keeps and may
 // discard the rest), and a budget that writes what it would discard to disk where that is quicker
 // than recomputing it (BudgetOffload) — each with its step time and the RAM the step adds at its peak.
+// --reuse 1: the offload rows of the curve with reuse_files.
 
 #include <algorithm>
 #include <chrono>
@@ -73,6 +77,7 @@ struct Setting {
   std::size_t min_bytes = 0;     // offload what is at least this (when not boundaries_only)
   double budget_fraction = 0;    // > 0: a MemoryBudget of this fraction of none's activation peak
   bool budget_disk = false;      // the budget may write outputs to disk (BudgetOffload) where quicker
+  bool reuse = false;            // the offload with reuse_files
 };
 struct Sample {
   double ms;
@@ -101,6 +106,7 @@ Sample step(nn::GPT& gpt, const Setting& s, const OffloadOptions& base, std::siz
     if (s.offload) {
       OffloadOptions o = base;
       o.min_bytes = s.min_bytes;
+      o.reuse_files = o.reuse_files || s.reuse;
       if (s.boundaries_only) {
         o.min_bytes = 0;
         o.only = [](const AnyTensor&, const SaveContext& c) { return c.by == SavedBy::checkpoint; };
@@ -153,7 +159,7 @@ int main(int argc, char** argv) {
                                       {{"layers", "8"}, {"width", "256"}, {"heads", "4"}, {"context", "128"},
                                        {"batch", "8"}, {"vocab", "256"}, {"dropout", "0.1"}, {"rounds", "7"},
                                        {"dir", "/var/tmp"}, {"min", "1048576"}, {"prefetch", "4"},
-                                       {"direct", "1"}, {"curve", "0"}},
+                                       {"direct", "1"}, {"curve", "0"}, {"reuse", "0"}},
                                       "bench_offload");
   const nn::GPTConfig cfg = bench::gpt_config(a, std::stod(a["dropout"]));
   const std::int64_t B = std::stoll(a["batch"]), T = cfg.block_size;
@@ -165,6 +171,7 @@ int main(int argc, char** argv) {
   base.min_bytes = std::stoull(a["min"]);
   base.prefetch = std::stoull(a["prefetch"]);
   base.direct_io = a["direct"] != "0";
+  base.reuse_files = a["curve"] != "0" && a["reuse"] != "0";
 
   const bool curve = a["curve"] != "0";
   std::vector<Setting> settings;
@@ -172,7 +179,9 @@ int main(int argc, char** argv) {
     settings = {{"blocks, in RAM", "blocks"},
                 {"blocks, boundaries offloaded", "blocks", true, true},
                 {"none, in RAM", "none"},
-                {"none, offloaded >= min", "none", true, false, base.min_bytes}};
+                {"none, offloaded >= min", "none", true, false, base.min_bytes},
+                {"blocks, boundaries offloaded, files reused", "blocks", true, true, 0, 0, false, true},
+                {"none, offloaded >= min, files reused", "none", true, false, base.min_bytes, 0, false, true}};
   } else {
     for (const char* p : {"none", "blocks", "selective", "uniform:2", "sqrt", "binomial:4"}) settings.push_back({p, p});
     for (double f : {0.6, 0.4, 0.25, 0.15, 0.08}) settings.push_back({fmt::format("budget {}", f), "none", false, false, 0, f});
@@ -241,22 +250,31 @@ int main(int argc, char** argv) {
              base.prefetch);
   fmt::print("disk, O_DIRECT 1 MiB pieces of 512 MiB: write {:.2f} / {:.2f} GB/s, read {:.2f} / {:.2f} GB/s "
              "(before / after)\n\n", w0, w1, r0, r1);
-  fmt::print("| setting | step ms, median (range) | held at forward end MB | step peak MB | store peak MB | "
-             "books peak MB | written MB | late / reads | bitwise |\n");
+  fmt::print("| setting | step ms, median (range) | held at forward end MB, median (range) | step peak MB | "
+             "store peak MB | books peak MB | written MB | late / reads, all rounds | bitwise |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|\n");
   std::string detail;
   auto mb = [](std::size_t b) { return static_cast<double>(b) / 1e6; };
   for (std::size_t i = 0; i < settings.size(); ++i) {
-    std::vector<double> ms;
-    for (const Sample& s : samples[i]) ms.push_back(s.ms);
+    std::vector<double> ms, held;
+    std::size_t late = 0, reads = 0;
+    for (const Sample& s : samples[i]) {
+      ms.push_back(s.ms);
+      held.push_back(mb(s.held));
+      late += s.late;
+      reads += s.reads;
+    }
     const Sample& last = samples[i].back();
-    const std::size_t in_ram = i % 2 == 0 ? i : i - 1;  // the same policy in RAM
+    std::size_t in_ram = 0;  // the same policy in RAM
+    while (settings[in_ram].offload || settings[in_ram].policy != settings[i].policy) ++in_ram;
     bool bitwise = true;
     for (const Sample& s : samples[i]) bitwise = bitwise && s.grads == samples[in_ram].front().grads;
-    fmt::print("| {} | {:.1f} ({:.1f}–{:.1f}) | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} / {} | {} |\n",
+    fmt::print("| {} | {:.1f} ({:.1f}–{:.1f}) | {:.2f} ({:.2f}–{:.2f}) | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} / {} "
+               "| {} |\n",
                settings[i].name, median(ms), *std::min_element(ms.begin(), ms.end()),
-               *std::max_element(ms.begin(), ms.end()), mb(last.held), mb(last.peak), mb(last.store_peak),
-               mb(last.books_peak), mb(last.written), last.late, last.reads, bitwise ? "yes" : "NO");
+               *std::max_element(ms.begin(), ms.end()), median(held), *std::min_element(held.begin(), held.end()),
+               *std::max_element(held.begin(), held.end()), mb(last.peak), mb(last.store_peak), mb(last.books_peak),
+               mb(last.written), late, reads, bitwise ? "yes" : "NO");
     std::vector<double> fwd;
     for (const Sample& s : samples[i]) fwd.push_back(s.forward_ms);
     detail += fmt::format("| {} | {:.1f} | {:.1f} | {:.1f} / {:.1f} | {} |\n", settings[i].name, median(fwd),

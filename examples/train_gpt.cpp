@@ -7,7 +7,7 @@
 //             [--out gpt.safetensors] [--sample 500] [--temperature 0.8] [--top-k 10] [--legible-floor 0.9]
 //             [--policy none|blocks|selective|uniform:K|sqrt|binomial:S|budget:MB] [--precision fp32|bf16]
 //             [--compare-curve LABEL:PATH] [--memory BYTES] [--micro-batch N] [--offload DIR] [--offload-min BYTES]
-//             [--offload-wait 0|1]
+//             [--offload-wait 0|1] [--offload-reuse 0|1]
 //             [--save-every N] [--state PATH] [--resume PATH] [--losses PATH] [--trace PATH] [--check 0|1]
 //
 // --check 1 makes the run a self-check: it exits 1 unless the held-out loss beats the unigram
@@ -58,6 +58,8 @@
 // backward (remat::Offload, remat/io/offload.hpp); the losses are bitwise those without it. The run
 // ends by printing what the store wrote, read and held. --offload-wait 1 makes each backward wait
 // for the writes still queued (OffloadOptions::wait_for_writes) instead of calling them off.
+// --offload-reuse 1 overwrites the files a step let go in the next steps' writes instead of
+// making new ones (OffloadOptions::reuse_files: quicker writes; the files stay until the run ends).
 //
 // Reading order: train(), at the end of the file, is the whole run on one page; each part it calls
 // is a function or a small struct above it, named for what it does.
@@ -113,6 +115,7 @@ struct Options {
   std::string offload;           ///< --offload DIR: saved activations written to files there
   std::string offload_min = "64KiB";  ///< the smallest saved tensor offloaded
   bool offload_wait = false;     ///< --offload-wait 1: backward waits for the queued writes
+  bool offload_reuse = false;    ///< --offload-reuse 1: files let go are overwritten by later writes
   bool policy_given = false;     ///< --policy on the command line (excludes --memory)
 
   /// Whether forwards run under remat::autocast (--precision bf16).
@@ -205,13 +208,17 @@ Options parse(int argc, char** argv) {
   take_int("zero", o.zero);
   REMAT_CHECK(o.zero == 0 || o.zero == 1 || o.zero == 3, "train_gpt: --zero takes 0, 1 or 3 (the ZeRO stage), got {}",
               o.zero);
-  std::int64_t check = 0, offload_wait = 0;
+  std::int64_t check = 0, offload_wait = 0, offload_reuse = 0;
   take_int("check", check);
   REMAT_CHECK(check == 0 || check == 1, "train_gpt: --check takes 0 or 1, got {}", check);
   o.check = check == 1;
   take_int("offload-wait", offload_wait);
   REMAT_CHECK(offload_wait == 0 || offload_wait == 1, "train_gpt: --offload-wait takes 0 or 1, got {}", offload_wait);
   o.offload_wait = offload_wait == 1;
+  take_int("offload-reuse", offload_reuse);
+  REMAT_CHECK(offload_reuse == 0 || offload_reuse == 1, "train_gpt: --offload-reuse takes 0 or 1, got {}",
+              offload_reuse);
+  o.offload_reuse = offload_reuse == 1;
   REMAT_CHECK(kv.empty(), "train_gpt: unknown flag --{}", kv.begin()->first);
   REMAT_CHECK(o.compare_curve.empty() || o.compare_curve.find(':') != std::string::npos,
               "train_gpt: --compare-curve takes LABEL:PATH (another run's .loss.csv), got '{}'", o.compare_curve);
@@ -932,10 +939,11 @@ std::optional<std::size_t> fit_memory(nn::GPT& model, Options& opt, const Ranks&
 /// The whole run; each line below is one part of it, defined above.
 /// What --offload's store did over the run.
 void print_offload(const OffloadStats& s, const std::string& dir) {
-  fmt::print("offload to {}: {} tensors written ({}, {} failed), {} read back ({} late), {} declined; "
-             "held in RAM at most {}, on disk at most {}; I/O thread {:.2f} s writing, {:.2f} s reading; "
+  fmt::print("offload to {}: {} tensors written ({}, {} failed, {} over kept files), {} read back ({} late), {} "
+             "declined; held in RAM at most {}, on disk at most {}; I/O thread {:.2f} s writing, {:.2f} s reading; "
              "backward waited {:.3f} s{}\n",
-             dir, s.files_written, human_bytes(s.bytes_written), s.write_failures, s.reads, s.late_reads, s.declined,
+             dir, s.files_written, human_bytes(s.bytes_written), s.write_failures, s.files_reused, s.reads,
+             s.late_reads, s.declined,
              human_bytes(s.peak_ram_bytes), human_bytes(s.peak_disk_bytes), s.write_seconds, s.read_seconds,
              s.wait_seconds, s.direct_io ? " (O_DIRECT)" : "");
   if (!s.first_write_error.empty()) fmt::print("offload: {}\n", s.first_write_error);
@@ -979,6 +987,7 @@ int train(int argc, char** argv, World* world) {
     o.directory = opt.offload;
     o.min_bytes = parse_bytes(opt.offload_min);
     o.wait_for_writes = opt.offload_wait;
+    o.reuse_files = opt.offload_reuse;
     offload.emplace(o);
   }
   for (std::int64_t step = first_step; step < opt.steps; ++step) {

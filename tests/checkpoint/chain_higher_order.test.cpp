@@ -43,14 +43,14 @@ struct Chain {
 };
 
 /// How the chain runs: plainly (no policy), under a policy, or as an online chain with s slots.
-struct Placement {
+struct ChainPlacement {
   std::string name;
   std::optional<Policy> policy;
   std::int64_t online_slots = 0;
 };
 
 /// The chain's final state under `how`; `counts` receives what the executor did.
-Tensor run(const std::vector<Tensor>& p, const Placement& how, const std::shared_ptr<ChainCounts>& counts) {
+Tensor run(const std::vector<Tensor>& p, const ChainPlacement& how, const std::shared_ptr<ChainCounts>& counts) {
   manual_seed(5);  // the same dropout masks in every run
   const std::vector<ChainStep> steps = Chain::step_functions(p);
   if (how.policy) return checkpoint_sequential(steps, p.back(), *how.policy, nullptr, counts);
@@ -64,8 +64,8 @@ Tensor run(const std::vector<Tensor>& p, const Placement& how, const std::shared
   return h;
 }
 
-std::vector<Placement> placements(const Chain& c, const std::string& dir) {
-  std::vector<Placement> out{{"none", policy::none(), 0},           {"uniform:3", policy::uniform(3), 0},
+std::vector<ChainPlacement> placements(const Chain& c, const std::string& dir) {
+  std::vector<ChainPlacement> out{{"none", policy::none(), 0},           {"uniform:3", policy::uniform(3), 0},
                              {"sqrt", policy::sqrt_segments(), 0},  {"binomial:2", policy::binomial(2), 0},
                              {"binomial:3", policy::binomial(3), 0}, {"two_tier:0,3", policy::two_tier(0, 3, dir, {0, 0}), 0},
                              {"two_tier:1,2", policy::two_tier(1, 2, dir, {0, 0}), 0}, {"online:3", std::nullopt, 3}};
@@ -78,7 +78,7 @@ std::vector<Placement> placements(const Chain& c, const std::string& dir) {
 }  // namespace chain_second_order
 
 using chain_second_order::Chain;
-using chain_second_order::Placement;
+using chain_second_order::ChainPlacement;
 using chain_second_order::run;
 
 TEST_CASE("jvp through every chain schedule: the final state's tangent bitwise the plain loop's (dropout on), and "
@@ -88,7 +88,7 @@ TEST_CASE("jvp through every chain schedule: the final state's tangent bitwise t
   const Chain c(7);
   const std::vector<Tensor> tangents = c.direction(3);
   // The final state, its tangent, then the gradients of sum(state²).
-  const auto result = [&](const Placement& how) {
+  const auto result = [&](const ChainPlacement& how) {
     test::FreshTape fresh;
     std::vector<Tensor> leaves;
     for (const Tensor& p : c.primals) leaves.push_back(p.detach().requires_grad_());
@@ -100,7 +100,7 @@ TEST_CASE("jvp through every chain schedule: the final state's tangent bitwise t
     return values;
   };
   const std::vector<Tensor> reference = result({"plain", std::nullopt, 0});
-  for (const Placement& how : chain_second_order::placements(c, dir.path)) {
+  for (const ChainPlacement& how : chain_second_order::placements(c, dir.path)) {
     INFO(how.name);
     test::require_bitwise(result(how), reference, "state, tangent, gradient");
     CHECK(dir.files().empty());  // the snapshots' files, values and tangents, are gone
@@ -113,13 +113,13 @@ TEST_CASE("hvp through every chain schedule: forward-over-reverse bitwise the pl
   test::TempDir dir;
   const Chain c(7);
   const std::vector<Tensor> direction = c.direction(4);
-  const auto products = [&](const Placement& how, const std::shared_ptr<ChainCounts>& counts) {
+  const auto products = [&](const ChainPlacement& how, const std::shared_ptr<ChainCounts>& counts) {
     test::FreshTape fresh;
     const auto loss = [&](const std::vector<Tensor>& p) { return mean(pow(run(p, how, counts), 2)); };
     return hvp(loss, c.primals, direction).second;
   };
   const std::vector<Tensor> reference = products({"plain", std::nullopt, 0}, nullptr);
-  for (const Placement& how : chain_second_order::placements(c, dir.path)) {
+  for (const ChainPlacement& how : chain_second_order::placements(c, dir.path)) {
     INFO(how.name);
     auto counts = std::make_shared<ChainCounts>();
     test::require_bitwise(products(how, counts), reference, "H·v");
@@ -154,7 +154,7 @@ TEST_CASE("create_graph through every chain schedule: a gradient penalty's gradi
   test::TempDir dir;
   const Chain c(7);
   // The gradients of mean(state²) (recorded), then those of loss + ½‖gradients‖² (dropout on).
-  const auto penalty = [&](const Placement& how) {
+  const auto penalty = [&](const ChainPlacement& how) {
     test::FreshTape fresh;
     std::vector<Tensor> leaves;
     for (const Tensor& p : c.primals) leaves.push_back(p.detach().requires_grad_());
@@ -174,7 +174,7 @@ TEST_CASE("create_graph through every chain schedule: a gradient penalty's gradi
   };
   const auto plain = penalty({"plain", std::nullopt, 0});
   std::optional<std::vector<Tensor>> first_schedule;
-  for (const Placement& how : chain_second_order::placements(c, dir.path)) {
+  for (const ChainPlacement& how : chain_second_order::placements(c, dir.path)) {
     INFO(how.name);
     const auto [g, second] = penalty(how);
     test::require_bitwise(g, plain.first, "first derivative");

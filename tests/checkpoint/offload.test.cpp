@@ -85,6 +85,66 @@ TEST_CASE("Offload: gradients bitwise those in RAM under every policy; files gon
   CHECK(files_in(dir.path).empty());
 }
 
+TEST_CASE("Offload: reuse_files overwrites the files a scope let go in the next scope; gradients bitwise",
+          "[offload][hooks]") {
+  test::TempDir dir;
+  const std::string kept = fmt::format("{}/remat-offload-{}-kept", dir.path, ::getpid());
+  const auto [plain, none] = gpt_gradients("none", std::nullopt);
+  OffloadOptions o;
+  o.directory = dir.path;
+  o.min_bytes = 0;
+  o.reuse_files = true;
+  const auto [first_grads, first] = gpt_gradients("none", o);
+  CHECK(first_grads == plain);
+  CHECK(first.files_reused == 0);
+  // Every file of the step was kept (no more than the scope's peak on disk), none left in its directory.
+  CHECK(files_in(kept).size() == first.files_written);
+  CHECK(files_in(dir.path) == std::vector<std::string>{kept});
+  const auto [second_grads, second] = gpt_gradients("none", o);
+  CHECK(second_grads == plain);
+  CHECK(second.files_written == first.files_written);
+  CHECK(second.files_reused == second.files_written);  // the same sizes: each write found its file
+  CHECK(second.reads == second.files_written);
+  CHECK(files_in(kept).size() == second.files_written);
+  const std::size_t kept_files = files_in(kept).size();
+  CHECK(Offload::remove_kept_files() == kept_files);
+  CHECK_FALSE(fs::exists(kept));
+  CHECK(files_in(dir.path).empty());
+  CHECK(Offload::remove_kept_files() == 0);
+}
+
+TEST_CASE("Offload: a kept file of another size, or grown while kept, is cut to size when reused", "[offload]") {
+  test::TempDir dir;
+  const std::string kept = fmt::format("{}/remat-offload-{}-kept", dir.path, ::getpid());
+  Generator g(60);
+  // 8 rows: two new files; 8 again, one of them grown by 8 KiB while kept; 3 rows: the larger files.
+  for (std::int64_t rows : {std::int64_t{8}, std::int64_t{8}, std::int64_t{3}}) {
+    INFO(rows << " rows, " << files_in(kept).size() << " files kept");
+    Tensor x = randn({rows, 1000}, g).requires_grad_();
+    sum(tanh(tanh(x) * 2.0f)).backward();
+    const std::vector<float> plain = x.grad().to_vector();
+    x.zero_grad();
+    const bool first = !fs::exists(kept);
+    if (!first) fs::resize_file(files_in(kept).front(), fs::file_size(files_in(kept).front()) + 8192);
+    OffloadOptions o;
+    o.directory = dir.path;
+    o.min_bytes = 0;
+    o.prefetch = 0;
+    o.reuse_files = true;
+    Offload offload(o);
+    Tensor y = sum(tanh(tanh(x) * 2.0f));  // each tanh keeps its output: two files
+    offload.flush();
+    CHECK(offload.stats().files_written == 2);
+    CHECK(offload.stats().files_reused == (first ? 0 : 2));
+    y.backward();
+    CHECK(offload.stats().reads == 2);
+    CHECK(x.grad().to_vector() == plain);
+    CHECK(files_in(kept).size() == 2);
+  }
+  CHECK(Offload::remove_kept_files() == 2);
+  CHECK(files_in(dir.path).empty());
+}
+
 TEST_CASE("Offload: read-ahead and the counts of late reads", "[offload][hooks]") {
   test::TempDir dir;
   for (std::size_t prefetch : {std::size_t{0}, std::size_t{3}}) {

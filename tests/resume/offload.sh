@@ -28,10 +28,24 @@ clean
 # written, none failed, and they were read back.
 run --losses "$dir/losses.wait" --offload "$dir/files" --offload-min 1 --offload-wait 1 > "$dir/wait.log"
 cmp "$dir/losses.ram" "$dir/losses.wait"
-if ! grep -E "^offload to .*: [1-9][0-9]* tensors written .* 0 failed\), [1-9][0-9]* read back" "$dir/wait.log"; then
+if ! grep -E "^offload to .*: [1-9][0-9]* tensors written .* 0 failed, 0 over kept files\), [1-9][0-9]* read back" \
+  "$dir/wait.log"; then
   echo "offload.sh: the store wrote or read back nothing, or a write failed:" >&2
   cat "$dir/wait.log" >&2
   exit 1
 fi
 clean
-echo "offload.sh: losses bitwise equal, files written and read back, directory clean"
+# The files a step let go overwritten by the next steps' writes (the store keeps them while the run
+# lasts): every step after the first writes over kept files, the losses are the same bits, and the
+# directory is empty once the process has ended.
+run --losses "$dir/losses.reuse" --offload "$dir/files" --offload-min 1 --offload-wait 1 --offload-reuse 1 \
+  > "$dir/reuse.log"
+cmp "$dir/losses.ram" "$dir/losses.reuse"
+if ! grep -E "^offload to .*: [1-9][0-9]* tensors written .* 0 failed, [1-9][0-9]* over kept files\)" \
+  "$dir/reuse.log"; then
+  echo "offload.sh: with --offload-reuse 1 no write went over a kept file:" >&2
+  cat "$dir/reuse.log" >&2
+  exit 1
+fi
+clean
+echo "offload.sh: losses bitwise equal, files written and read back (and over kept files), directory clean"

@@ -480,7 +480,7 @@ class BudgetCore : BudgetSearch {
 
   /// Frees a registered output's bytes (hashed first under checking, to verify its rebuild).
   void forget_bytes(Storage& s) {
-    if (session().check_replay_values) hashes_[s.serial()] = fnv1a(s.raw_data(), s.bytes());
+    if (session().check_replay_values) hashes_[s.serial()] = checksum64(s.raw_data(), s.bytes());
     if (auto it = entries_.find(s.serial()); it != entries_.end()) unindex(*it);
     s.discard();
     recost_readers(s);
@@ -580,7 +580,7 @@ class BudgetCore : BudgetSearch {
       o->adopt(*fresh[i].storage);
       drop_file(o->serial());  // a sibling written out comes back with this recomputation
       if (auto h = hashes_.find(o->serial()); h != hashes_.end()) {
-        const bool same = fnv1a(o->raw_data(), o->bytes()) == h->second;
+        const bool same = checksum64(o->raw_data(), o->bytes()) == h->second;
         hashes_.erase(h);
         if (!same)
           throw CheckpointError(fmt::format("MemoryBudget: recomputing output {} of '{}' gave different values than "

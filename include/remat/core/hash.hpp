@@ -1,8 +1,8 @@
 #pragma once
-// FNV-1a, 64-bit: the hash of bytes the library uses (a replay's values against its forward's, a
-// step's op sequence, a training-state file's checksum), and checksum64, its four-lane form at
-// memory speed, for the files activations go to. Not cryptographic: they detect drift and damage,
-// not tampering.
+// FNV-1a, 64-bit: the hash of short byte strings and of what must stay stable (a step's op
+// sequence, a training-state file's checksum); and checksum64, its four-lane form at memory speed,
+// for tensors' bytes (a replay's values against its forward's, the files activations and a chain's
+// snapshots go to). Not cryptographic: they detect drift and damage, not tampering.
 
 #include <cstddef>
 #include <cstdint>
