@@ -73,7 +73,7 @@ TEST_CASE("autocast: a parameter is cast once per scope, and replays reuse the f
   CHECK(autocast_cache_stats().reuses > 8);
 }
 
-TEST_CASE("autocast: a checkpointed segment's replay casts nothing again; the casts go with the step",
+TEST_CASE("autocast: a checkpointed segment's replay casts nothing again, the casts go with the step",
           "[checkpoint][autocast]") {
   auto casts = [](const char* how) {
     test::GptStep step(how);

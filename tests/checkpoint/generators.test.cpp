@@ -117,7 +117,7 @@ TEST_CASE("generators: a MemoryBudget's recomputation of a dropout draws the mas
                     17);
 }
 
-TEST_CASE("generators: a generator the segment owns, or makes, replays; one gone before backward is skipped",
+TEST_CASE("generators: a generator the segment owns, or makes, replays, one gone before backward is skipped",
           "[checkpoint][generators]") {
   require_replays_like_plain(19, [](bool checkpointed) {
     Tensor w = weights(8);
@@ -143,7 +143,7 @@ TEST_CASE("generators: a generator the segment owns, or makes, replays; one gone
   });
 }
 
-TEST_CASE("generators: a copy draws on its own; assignment copies the state, not the identity",
+TEST_CASE("generators: a copy draws on its own, assignment copies the state, not the identity",
           "[core][generators]") {
   Generator a(1);
   Generator b = a;

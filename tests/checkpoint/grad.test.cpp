@@ -127,7 +127,7 @@ TEST_CASE("grad: what reaches a computed input whose node does not run is not se
   CHECK(flat_values(x.grad()) == std::vector<float>{3.f, 3.f});
 }
 
-TEST_CASE("grad: hands back the walk's own gradients, each held once as it returns; an input listed twice gets two "
+TEST_CASE("grad: hands back the walk's own gradients, each held once as it returns, an input listed twice gets two "
           "tensors",
           "[checkpoint][grad]") {
   test::FreshTape fresh;

@@ -415,7 +415,7 @@ struct LiveScale {
 
 }  // namespace
 
-TEST_CASE("checkpoint: a callable named in a loop body is gone before backward; the replay runs a copy taken "
+TEST_CASE("checkpoint: a callable named in a loop body is gone before backward, the replay runs a copy taken "
           "before the forward",
           "[checkpoint][hardening][callable]") {
   Generator init(12);

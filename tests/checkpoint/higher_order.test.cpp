@@ -123,7 +123,7 @@ void require_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b, c
 // at first order) and the part that enters through its activations through the recorded replay:
 // two sums where the unchecked run has one.
 TEST_CASE("create_graph through checkpoint(): first derivatives bitwise, HVPs and a gradient penalty to rounding, "
-          "of the unchecked run's (per block, nested, selective; dropout on)",
+          "of the unchecked run's (per block, nested, selective, dropout on)",
           "[checkpoint][higher_order]") {
   const Stack s(4);
   const SecondOrder reference = second_order(s, Placement::none);
@@ -193,7 +193,7 @@ GptSecondOrder gpt_second_order(nn::GPT& gpt, const Checkpointing& how, const Lo
 }  // namespace
 
 TEST_CASE("create_graph through a whole GPT with dropout: per block and selective checkpointing give the unchecked "
-          "run's first derivatives bitwise and its HVP to rounding; the HVP matches differences of gradients",
+          "run's first derivatives bitwise and its HVP to rounding, the HVP matches differences of gradients",
           "[checkpoint][higher_order][gpt]") {
   Generator init(4);
   nn::GPT gpt(test::small_gpt(2, 0.1), init);
@@ -234,7 +234,7 @@ TEST_CASE("create_graph through a whole GPT with dropout: per block and selectiv
   CHECK(a.worst <= 1e-2 * a.scale);
 }
 
-TEST_CASE("jvp through checkpoint(): tangents bitwise the unchecked run's (per block, nested, selective; dropout "
+TEST_CASE("jvp through checkpoint(): tangents bitwise the unchecked run's (per block, nested, selective, dropout "
           "on), and the backward after it as well",
           "[checkpoint][forward_ad]") {
   const Stack s(4);

@@ -190,7 +190,7 @@ TEST_CASE("memory budget: at per-block checkpointing's peak it rebuilds each blo
   CHECK(budgeted.grads == blocks.grads);
 }
 
-TEST_CASE("memory budget: an infeasible budget names the least one; retrying with it succeeds", "[budget]") {
+TEST_CASE("memory budget: an infeasible budget names the least one, retrying with it succeeds", "[budget]") {
   Generator init(4);
   nn::GPT gpt(test::small_gpt(2, 0.1), init);
   const LongTensor idx = randint(0, 23, {2, 12}, init), targets = randint(0, 23, {2, 12}, init);
@@ -266,7 +266,7 @@ TEST_CASE("memory budget: inside and around checkpoint(), with a selective polic
   apply_checkpointing(gpt, Checkpointing::none());
 }
 
-TEST_CASE("memory budget: what it discards shows in print_saved_tensors; held tensors and no_grad are untouched",
+TEST_CASE("memory budget: what it discards shows in print_saved_tensors, held tensors and no_grad are untouched",
           "[budget]") {
   test::FreshTape fresh;
   Generator g(8);
@@ -438,7 +438,7 @@ TEST_CASE("memory budget: parameters count apart from activations in the books",
   (void)y;
 }
 
-TEST_CASE("memory budget: the cap is on activations; a weight saved beside them does not count", "[budget][memory]") {
+TEST_CASE("memory budget: the cap is on activations, a weight saved beside them does not count", "[budget][memory]") {
   test::FreshTape fresh;
   Generator g(12);
   nn::Linear layer(32, 16, false, g);

@@ -116,7 +116,7 @@ TEST_CASE("observer: around a GPT's blocks run as a chain it hears every op of t
   }
 }
 
-TEST_CASE("observer: an op built from other ops is one op; nothing is heard after it is gone",
+TEST_CASE("observer: an op built from other ops is one op, nothing is heard after it is gone",
           "[checkpoint][observer]") {
   Tensor x = randn({4, 8});
   x.requires_grad_();

@@ -57,7 +57,7 @@ std::pair<std::vector<std::vector<float>>, OffloadStats> gpt_gradients(const cha
 
 }  // namespace
 
-TEST_CASE("Offload: gradients bitwise those in RAM under every policy; files gone after backward",
+TEST_CASE("Offload: gradients bitwise those in RAM under every policy, files gone after backward",
           "[offload][hooks]") {
   test::TempDir dir;
   for (const char* policy : {"none", "blocks", "selective", "sqrt"}) {
@@ -85,7 +85,7 @@ TEST_CASE("Offload: gradients bitwise those in RAM under every policy; files gon
   CHECK(files_in(dir.path).empty());
 }
 
-TEST_CASE("Offload: reuse_files overwrites the files a scope let go in the next scope; gradients bitwise",
+TEST_CASE("Offload: reuse_files overwrites the files a scope let go in the next scope, gradients bitwise",
           "[offload][hooks]") {
   test::TempDir dir;
   const std::string kept = fmt::format("{}/remat-offload-{}-kept", dir.path, ::getpid());
@@ -213,7 +213,7 @@ TEST_CASE("Offload: a missing, truncated, swapped or altered file is an error na
   }
 }
 
-TEST_CASE("Offload: a write past the disk limit keeps the tensor in RAM; the step completes bitwise",
+TEST_CASE("Offload: a write past the disk limit keeps the tensor in RAM, the step completes bitwise",
           "[offload][hooks]") {
   test::TempDir dir;
   Generator g(62);
@@ -266,7 +266,7 @@ TEST_CASE("Offload: a saved tensor written in place after it was offloaded is th
   REQUIRE_ERROR(y.backward(), "mul", "modified in place");
 }
 
-TEST_CASE("Offload: directories of dead processes are removed at the start; others are left", "[offload]") {
+TEST_CASE("Offload: directories of dead processes are removed at the start, others are left", "[offload]") {
   test::TempDir dir;
   const ::pid_t child = ::fork();
   if (child == 0) ::_exit(0);
@@ -395,7 +395,7 @@ TEST_CASE("Offload: a chain's snapshots go through the store, gradients bitwise"
   CHECK(stats.reads > 0);
 }
 
-TEST_CASE("Offload inside a MemoryBudget: large tensors go to files, the budget caps what stays; gradients bitwise",
+TEST_CASE("Offload inside a MemoryBudget: large tensors go to files, the budget caps what stays, gradients bitwise",
           "[offload][budget]") {
   test::TempDir dir;
   const auto plain = gpt_gradients("none", std::nullopt).first;

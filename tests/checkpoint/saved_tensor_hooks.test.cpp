@@ -50,7 +50,7 @@ std::vector<std::vector<float>> gpt_grads(const char* how, CopyingStore* store) 
 
 }  // namespace
 
-TEST_CASE("saved-tensor hooks: every saved tensor is packed and unpacked; gradients bitwise those without",
+TEST_CASE("saved-tensor hooks: every saved tensor is packed and unpacked, gradients bitwise those without",
           "[checkpoint][saved_tensor_hooks]") {
   for (const char* how : {static_cast<const char*>(nullptr), "blocks", "selective", "sqrt"}) {
     INFO((how ? how : "no checkpointing"));
@@ -67,7 +67,7 @@ TEST_CASE("saved-tensor hooks: every saved tensor is packed and unpacked; gradie
   }
 }
 
-TEST_CASE("saved-tensor hooks: the innermost pair packs; the ops a hook calls are not the model's",
+TEST_CASE("saved-tensor hooks: the innermost pair packs, the ops a hook calls are not the model's",
           "[checkpoint][saved_tensor_hooks]") {
   Tensor w = randn({4, 4});
   w.requires_grad_();
@@ -100,7 +100,7 @@ TEST_CASE("saved-tensor hooks: the innermost pair packs; the ops a hook calls ar
   REQUIRE(test::all_close(w.grad(), plain_w.grad()));
 }
 
-TEST_CASE("saved-tensor hooks: what a pair declines goes to the pair outside it; what all decline stays with the node",
+TEST_CASE("saved-tensor hooks: what a pair declines goes to the pair outside it, what all decline stays with the node",
           "[checkpoint][saved_tensor_hooks]") {
   test::FreshTape fresh;
   Generator g(11);

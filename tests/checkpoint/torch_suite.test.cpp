@@ -203,7 +203,7 @@ TEST_CASE("outputs: any mix of tensors of any dtype and other values, nested in 
   CHECK_SAME_RUNS([&] { return run(false); }, [&] { return run(true); });
 }
 
-TEST_CASE("outputs: an output that needs no gradient stays that way; non-float outputs pass through",
+TEST_CASE("outputs: an output that needs no gradient stays that way, non-float outputs pass through",
           "[checkpoint][outputs]") {
   Tensor x = randn({2, 3}).requires_grad_();
   const Tensor frozen = randn({2, 3});
@@ -325,7 +325,7 @@ TEST_CASE("debug: a chain step whose replay differs names the step and the first
 }
 
 // test_autograd.py TestSelectiveActivationCheckpoint: test_policy_with_state, test_bad_inputs
-TEST_CASE("selective: the policy is asked once per op in forward, sees shapes and bytes; bad names are errors",
+TEST_CASE("selective: the policy is asked once per op in forward, sees shapes and bytes, bad names are errors",
           "[checkpoint][selective]") {
   std::vector<std::string> seen;
   std::vector<bool> replaying;

@@ -161,7 +161,7 @@ TEST_CASE("two tiers: the plan uses disk slots when they pay, and shows them", "
   REQUIRE_ERROR(policy::two_tier(1, 2, ""), "two_tier", "directory");
 }
 
-TEST_CASE("two tiers: gradients with snapshots on disk equal the plain ones bitwise; the directory is left clean",
+TEST_CASE("two tiers: gradients with snapshots on disk equal the plain ones bitwise, the directory is left clean",
           "[chain][two_tier]") {
   TempDir dir;
   Generator init(8);
@@ -186,7 +186,7 @@ TEST_CASE("two tiers: gradients with snapshots on disk equal the plain ones bitw
   CHECK(dir.files().empty());
 }
 
-TEST_CASE("two tiers: a snapshot file removed, truncated or altered is an error naming it; no file is left",
+TEST_CASE("two tiers: a snapshot file removed, truncated or altered is an error naming it, no file is left",
           "[chain][two_tier][misuse]") {
   TempDir dir;
   Generator init(9);

@@ -257,7 +257,7 @@ TEST_CASE("bfloat16: the conversion gives the same bits on every thread count", 
   for (std::size_t i = 0; i < bits.size(); i += 101) CHECK(runs[0][i] == detail::bfloat16_bits(float_of(bits[i])));
 }
 
-TEST_CASE("bfloat16: a cast of a tensor that needs a gradient is recorded; without grad it converts", "[core][bfloat16]") {
+TEST_CASE("bfloat16: a cast of a tensor that needs a gradient is recorded, without grad it converts", "[core][bfloat16]") {
   Tensor x = tensor({1.0f, 2.0f, 3.0f}, {1, 3}).requires_grad_();
   const BFloat16Tensor h = to<bfloat16>(x);
   CHECK(h.requires_grad());

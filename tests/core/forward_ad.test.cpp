@@ -9,7 +9,7 @@
 
 using namespace remat;
 
-TEST_CASE("dual_level: tangents live inside it and are cleared when it ends; levels do not nest",
+TEST_CASE("dual_level: tangents live inside it and are cleared when it ends, levels do not nest",
           "[core][forward_ad]") {
   Generator g(1);
   const DoubleTensor x = randn<double>({3, 4}, g), v = randn<double>({3, 4}, g);
@@ -64,7 +64,7 @@ TEST_CASE("jvp: an op without a tangent rule is an error naming it, never a drop
   CHECK(test::unrecordable_square(x).to_vector() == (x * x).to_vector());
 }
 
-TEST_CASE("make_dual: gradients pass through the dual to its primal; the tangent rides along the graph",
+TEST_CASE("make_dual: gradients pass through the dual to its primal, the tangent rides along the graph",
           "[core][forward_ad]") {
   Generator g(4);
   const DoubleTensor w = randn<double>({3, 3}, g).requires_grad_();
@@ -110,7 +110,7 @@ TEST_CASE("jvp: tangent rules compute unseen, so observers and scopes hear the p
   CHECK(tout.defined());
 }
 
-TEST_CASE("hvp: forward-over-reverse matches the analytic Hessian; unused inputs get zeros; bad input named",
+TEST_CASE("hvp: forward-over-reverse matches the analytic Hessian, unused inputs get zeros, bad input named",
           "[core][forward_ad][hvp]") {
   Generator g(6);
   const DoubleTensor x = randn<double>({4}, g), v = randn<double>({4}, g), unused = randn<double>({2}, g);
@@ -163,7 +163,7 @@ Tensor identity_reading_unsaved_tangent(const Tensor& x) {
 // A backward inside a dual level reads a tangent only through a node that saved something: the
 // tangents of intermediates held by nodes that save nothing (a scaled copy summed into a residual)
 // go before the walk, not when their producers' backward runs.
-TEST_CASE("hvp: tangents no backward reads are dropped before the walk; a read of one after all is an error",
+TEST_CASE("hvp: tangents no backward reads are dropped before the walk, a read of one after all is an error",
           "[core][forward_ad][hvp]") {
   test::FreshTape fresh;
   Generator g(3);

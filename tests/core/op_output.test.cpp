@@ -51,7 +51,7 @@ struct SkipAll : OpOutputHook {
 
 }  // namespace
 
-TEST_CASE("deciders: one per scope, ops numbered within it; only the innermost hands outputs over",
+TEST_CASE("deciders: one per scope, ops numbered within it, only the innermost hands outputs over",
           "[core][op_output]") {
   const Tensor a = ones({2, 3}), b = ones({3, 4});
   Recorder heard;
@@ -73,7 +73,7 @@ TEST_CASE("deciders: one per scope, ops numbered within it; only the innermost h
   }
   CHECK(OpOutputHook::current() == &outer);
   (void)softmax(a);
-  CHECK(outer.asked == std::vector<std::size_t>{0, 1});  // the nested scope took no place of its own
+  CHECK(outer.asked == std::vector<std::size_t>{0, 2});  // the nested scope took place #1 (whole, as one)
   // The observer heard every op of every scope, the handed-over ones too.
   CHECK(heard.seen == std::vector<std::string>{"exp (2, 3) float32 1x 24 B 6 flops", "matmul (2, 4) float32 1x 32 B 48 flops",
                                                "exp (2, 4) float32 1x 32 B 8 flops", "matmul (2, 4) float32 1x 32 B 48 flops",

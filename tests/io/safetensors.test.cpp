@@ -235,7 +235,7 @@ TEST_CASE("safetensors: a save removes the temporaries of writers killed mid-sav
   CHECK(io::read_safetensors(f.path).at("w").data == filled(3).at("w").data);
 }
 
-TEST_CASE("safetensors: threads saving one path at once each save atomically; no temporary remains",
+TEST_CASE("safetensors: threads saving one path at once each save atomically, no temporary remains",
           "[io][safetensors][atomic]") {
   TempFile f("concurrent");
   io::write_safetensors(f.path, filled(-1));

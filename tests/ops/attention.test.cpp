@@ -146,7 +146,7 @@ std::vector<DoubleTensor> gradient_carrying_tangents(
 // (the others constants, with no tangent), with a tangent on the incoming gradient (⟨y², w⟩) and
 // without (⟨y, w⟩, whose gradient at y is w).
 TEST_CASE("causal_attention: hvp through the fused kernels equals double backward for every subset of q, k, v and "
-          "either incoming gradient; the first derivatives are bitwise the plain backward's",
+          "either incoming gradient, the first derivatives are bitwise the plain backward's",
           "[ops][attention][hvp]") {
   test::FreshTape fresh;
   Generator g(31);
@@ -189,7 +189,7 @@ TEST_CASE("causal_attention: hvp through the fused kernels equals double backwar
 }
 
 TEST_CASE("causal_self_attention: hvp through the fused kernels equals double backward with and without a tangent "
-          "on the incoming gradient; the first derivative is bitwise the plain backward's",
+          "on the incoming gradient, the first derivative is bitwise the plain backward's",
           "[ops][attention][hvp]") {
   test::FreshTape fresh;
   Generator g(37);

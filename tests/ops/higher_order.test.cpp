@@ -337,7 +337,7 @@ void require_tangent(const Case& c) {
 
 }  // namespace
 
-TEST_CASE("jvp: every op's tangent rule matches central differences and the double-vjp identity; the primal keeps "
+TEST_CASE("jvp: every op's tangent rule matches central differences and the double-vjp identity, the primal keeps "
           "its bits",
           "[ops][forward_ad]") {
   test::FreshTape fresh;

@@ -170,7 +170,7 @@ TEST_CASE("plan: a malformed schedule is an error saying what is wrong with it",
   REQUIRE_ERROR(remat::plan(policy_of({{K::advance, 0, 5}}), 4), "advances steps 0..4");
 }
 
-TEST_CASE("stream: a plan's text is a bounded summary; the full table lists every action", "[schedule][stream]") {
+TEST_CASE("stream: a plan's text is a bounded summary, the full table lists every action", "[schedule][stream]") {
   const Plan long_plan = remat::plan(policy::binomial(20), 1000000);
   const std::string summary = long_plan.str();
   INFO(summary);
