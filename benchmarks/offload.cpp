@@ -9,13 +9,14 @@
 // Settings: blocks in RAM; blocks with its boundaries offloaded (SavedBy::checkpoint); none in RAM;
 // none with every saved tensor of at least --min offloaded; and both offloads again with
 // OffloadOptions::reuse_files (each step overwrites the files the one before it kept; the warm-up
-// round makes them). Columns: the step's wall time (forward and backward); what the step holds
-// for backward when its forward ends (memory_stats()'s live bytes above the step's start, the
-// store's tensors still waiting for their write included; median and range over the rounds); the
-// step's peak of live bytes above its start, the store's own peak RAM (waiting writes and the
-// read-ahead arena), the saved-for-backward books' peak (what nodes hold themselves) and the bytes
-// written, in the last round; late reads of reads, over all rounds; and whether the gradients are
-// bitwise those of the same policy in RAM.
+// round makes them). Columns: the step's wall time (forward and backward); each round's step time
+// over the same round's step of the same policy in RAM, median and range (paired: a drift of the
+// machine's speed across rounds cancels); what the step holds for backward when its forward ends
+// (memory_stats()'s live bytes above the step's start, the store's tensors still waiting for their
+// write included; median and range over the rounds); the step's peak of live bytes above its
+// start, the store's own peak RAM (waiting writes and the read-ahead arena), the saved-for-backward
+// books' peak (what nodes hold themselves) and the bytes written, in the last round; late reads of
+// reads, over all rounds; and whether the gradients are bitwise those of the same policy in RAM.
 //
 // --curve 1: the trade curve instead (benchmarks/offload_curve.py plots it): one JSON line per
 // setting — hand-placed policies in RAM, MemoryBudget alone at fractions of no checkpointing's
@@ -250,9 +251,10 @@ int main(int argc, char** argv) {
              base.prefetch);
   fmt::print("disk, O_DIRECT 1 MiB pieces of 512 MiB: write {:.2f} / {:.2f} GB/s, read {:.2f} / {:.2f} GB/s "
              "(before / after)\n\n", w0, w1, r0, r1);
-  fmt::print("| setting | step ms, median (range) | held at forward end MB, median (range) | step peak MB | "
-             "store peak MB | books peak MB | written MB | late / reads, all rounds | bitwise |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|---|\n");
+  fmt::print("| setting | step ms, median (range) | × in RAM, median (range) | "
+             "held at forward end MB, median (range) | step peak MB | store peak MB | books peak MB | written MB | "
+             "late / reads, all rounds | bitwise |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
   std::string detail;
   auto mb = [](std::size_t b) { return static_cast<double>(b) / 1e6; };
   for (std::size_t i = 0; i < settings.size(); ++i) {
@@ -269,10 +271,15 @@ int main(int argc, char** argv) {
     while (settings[in_ram].offload || settings[in_ram].policy != settings[i].policy) ++in_ram;
     bool bitwise = true;
     for (const Sample& s : samples[i]) bitwise = bitwise && s.grads == samples[in_ram].front().grads;
-    fmt::print("| {} | {:.1f} ({:.1f}–{:.1f}) | {:.2f} ({:.2f}–{:.2f}) | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {} / {} "
-               "| {} |\n",
+    // Each round's step over the same round's step in RAM: the two ran seconds apart, so a drift of
+    // the machine's speed across rounds cancels in the ratio, where it widens both medians' ranges.
+    std::vector<double> ratio;
+    for (std::size_t r = 0; r < samples[i].size(); ++r) ratio.push_back(samples[i][r].ms / samples[in_ram][r].ms);
+    fmt::print("| {} | {:.1f} ({:.1f}–{:.1f}) | {:.2f} ({:.2f}–{:.2f}) | {:.2f} ({:.2f}–{:.2f}) | {:.2f} | {:.2f} | "
+               "{:.2f} | {:.2f} | {} / {} | {} |\n",
                settings[i].name, median(ms), *std::min_element(ms.begin(), ms.end()),
-               *std::max_element(ms.begin(), ms.end()), median(held), *std::min_element(held.begin(), held.end()),
+               *std::max_element(ms.begin(), ms.end()), median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+               *std::max_element(ratio.begin(), ratio.end()), median(held), *std::min_element(held.begin(), held.end()),
                *std::max_element(held.begin(), held.end()), mb(last.peak), mb(last.store_peak), mb(last.books_peak),
                mb(last.written), late, reads, bitwise ? "yes" : "NO");
     std::vector<double> fwd;

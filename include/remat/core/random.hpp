@@ -91,10 +91,13 @@ inline void philox_blocks_portable(std::uint64_t seed, std::uint64_t first, std:
 #if defined(__AVX512F__)
 // GCC 12's AVX-512 intrinsics fill their unused merge operand from a self-initialised variable,
 // which its uninitialised-use analysis flags in every caller (GCC bug 105593, fixed in 13): the
-// warning is in the compiler's header, not here, and -Werror users would trip on it.
+// warning is in the compiler's header, not here, and -Werror users would trip on it. GCC's alone:
+// clang reads `#pragma GCC` too and warns of the group it does not know (-Wunknown-warning-option).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /// philox_blocks_portable's words for Batches × 16 lanes, one counter word of 16 lanes per
 /// register. GCC vectorises the portable loop with VPMULLQ on zero-extended halves (three µops,
 /// and a permute to split the product) where Philox needs 32×32→64 products, which VPMULUDQ makes
@@ -162,7 +165,9 @@ inline void philox_batches_avx512(std::uint64_t seed, std::uint64_t first, std::
     _mm512_storeu_si512(out + 48, _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(3, 1, 3, 1)));
   }
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif
 
 /// The most batches of kPhiloxLanes blocks philox_blocks makes in one call.
