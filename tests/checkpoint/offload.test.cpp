@@ -4,6 +4,8 @@
 
 #include <sys/wait.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -289,6 +291,93 @@ TEST_CASE("Offload: directories of dead processes are removed at the start, othe
     CHECK(fs::exists(other));
   }
   for (const std::string& d : {alive, other}) fs::remove_all(d);
+}
+
+namespace {
+
+/// Makes removals under `dir` fail as a directory made unwritable under the scope does (another
+/// user's chmod), and undoes it. Root ignores a directory's permissions, so as root the failure is
+/// the store's test seam instead, with the errno the chmod gives everyone else.
+struct RemovalBlocker {
+  void block(const std::string& dir) {
+    if (::geteuid() == 0)
+      detail::OffloadRemovals::process().fail_for_test(
+          [dir](const std::string& path) { return path.compare(0, dir.size(), dir) == 0 ? EACCES : 0; });
+    else
+      fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);  // r-x: files read, none removed
+    blocked = dir;
+  }
+  void unblock() {
+    if (blocked.empty()) return;
+    if (::geteuid() == 0) detail::OffloadRemovals::process().fail_for_test(nullptr);
+    else fs::permissions(blocked, fs::perms::owner_all);
+    blocked.clear();
+  }
+  ~RemovalBlocker() { unblock(); }
+  std::string blocked;
+};
+
+}  // namespace
+
+TEST_CASE("Offload: files a scope could not remove are counted, and removed once they can be", "[offload]") {
+  test::TempDir dir;
+  Generator g(64);
+  Tensor x = randn({32, 64}, g).requires_grad_();
+  OffloadOptions o;
+  o.directory = dir.path;
+  o.min_bytes = 0;
+  o.prefetch = 0;
+  RemovalBlocker blocker;
+  // A scope whose directory is made unwritable after its files were written: backward reads them,
+  // their removals fail, and so does the directory's at the scope's end.
+  auto step_with_removals_blocked = [&] {
+    Offload offload(o);
+    const std::string scope_dir = offload.directory();
+    Tensor y = sum(tanh(tanh(x) * 2.0f));  // each tanh keeps its output: two files
+    offload.flush();
+    REQUIRE(files_in(scope_dir).size() == 2);
+    blocker.block(scope_dir);
+    y.backward();
+    const OffloadStats stats = offload.stats();
+    CHECK(stats.reads == 2);
+    CHECK(stats.removal_failures == 2);
+    CHECK(stats.first_removal_error.find(scope_dir + "/t") != std::string::npos);
+    CHECK(stats.first_removal_error.find(std::strerror(EACCES)) != std::string::npos);
+    CHECK(stats.disk_bytes == 0);
+    return scope_dir;
+  };
+
+  const std::string first = step_with_removals_blocked();
+  CHECK(files_in(first).size() == 2);  // the scope has ended; its files are still there ...
+  const std::vector<std::string> left = Offload::remove_left_files();  // ... and named
+  CHECK(left == std::vector<std::string>{first, first + "/t0.bin", first + "/t1.bin"});
+  blocker.unblock();
+  {  // the next scope's start removes them
+    Offload next(o);
+    CHECK_FALSE(fs::exists(first));
+    CHECK(Offload::remove_left_files().empty());
+  }
+  CHECK(files_in(dir.path).empty());
+
+  const std::string second = step_with_removals_blocked();
+  blocker.unblock();
+  CHECK(fs::exists(second));
+  CHECK(Offload::remove_left_files().empty());  // asked for
+  CHECK_FALSE(fs::exists(second));
+  CHECK(files_in(dir.path).empty());
+
+  // At exit: the process's list of removals left is tried again as it is destroyed.
+  const std::string file = dir.path + "/left.bin";
+  std::ofstream(file) << "x";
+  {
+    detail::OffloadRemovals removals;
+    removals.fail_for_test([](const std::string&) { return EACCES; });
+    CHECK(removals.remove(file, false).find("cannot remove '" + file + "'") != std::string::npos);
+    CHECK(removals.retry() == std::vector<std::string>{file});
+    removals.fail_for_test(nullptr);
+    CHECK(fs::exists(file));
+  }
+  CHECK_FALSE(fs::exists(file));
 }
 
 TEST_CASE("Offload: float32 written as bfloat16 gives SaveInBFloat16's gradients, bitwise", "[offload][bf16]") {

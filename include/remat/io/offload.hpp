@@ -38,7 +38,12 @@
 // returns (or, with reuse_files, renamed aside for later writes to overwrite: see the option); the
 // scope's directory when the last of its tensors is gone; and at construction the directories of
 // dead processes left under `directory` (named remat-offload-<pid>-<n> and -<pid>-kept; processes
-// sharing the directory must share a pid namespace).
+// sharing the directory must share a pid namespace). A removal that fails (the directory made
+// unwritable or unreadable under the scope, by another user or an administrator) is counted in
+// stats() (removal_failures, first_removal_error) and tried again whenever a scope starts or ends,
+// at Offload::remove_left_files() (which returns what is still there) and at exit, so that the
+// files go once they can; what is still there at exit is named on stderr, and after a crash the
+// next process's start removes the directory as a dead process's.
 //
 // The store's own RAM: the tensors waiting for their write (still in memory_stats()'s live bytes),
 // the read-ahead arena (live bytes too), and a 2 MiB staging buffer for direct I/O (outside the
@@ -53,10 +58,13 @@
 
 #include <algorithm>
 #include <any>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -70,6 +78,7 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -139,6 +148,11 @@ struct OffloadStats {
   std::size_t disk_bytes = 0;      ///< bytes in files now
   std::size_t peak_disk_bytes = 0; ///< the most disk_bytes has been
   std::size_t stale_removed = 0;   ///< directories of dead processes removed at construction
+  /// Files the scope could not remove when they were let go (their bytes are no longer in
+  /// disk_bytes): each is tried again when a scope starts or ends, at Offload::remove_left_files()
+  /// and at exit.
+  std::size_t removal_failures = 0;
+  std::string first_removal_error;  ///< what the first failed removal said
   double write_seconds = 0;        ///< the I/O thread's time writing
   double read_seconds = 0;         ///< the I/O thread's time reading
   double wait_seconds = 0;         ///< backward's time waiting for late reads
@@ -146,6 +160,93 @@ struct OffloadStats {
 };
 
 namespace detail {
+
+/// Every removal of an Offload file or directory goes through here, and the ones that fail are
+/// remembered and tried again: when a scope starts or ends, at Offload::remove_left_files() and at
+/// exit (this object's destructor), whatever made them fail (a directory made unwritable or
+/// unreadable) may have passed by then. What is still there at exit is named on stderr: the process
+/// cannot say it later. Process-wide (scopes on every thread and directory), and anew in a forked
+/// child, whose copy names its parent's files.
+class OffloadRemovals {
+ public:
+  static OffloadRemovals& process() {
+    static OffloadRemovals removals;
+    return removals;
+  }
+  OffloadRemovals() = default;
+  ~OffloadRemovals() {
+    const std::vector<std::string> still = retry();
+    if (still.empty()) return;
+    std::string names;
+    for (const std::string& path : still) names += "\n  " + path;
+    std::fprintf(stderr, "remat::Offload: %zu file(s) or directories could not be removed at exit:%s\n", still.size(),
+                 names.c_str());
+  }
+  OffloadRemovals(const OffloadRemovals&) = delete;
+  OffloadRemovals& operator=(const OffloadRemovals&) = delete;
+
+  /// Removes the file at `path` (a directory, with what it holds, when `directory`); empty when it
+  /// is gone, else why not: it is then remembered and tried again later.
+  std::string remove(const std::string& path, bool directory) {
+    const int error = remove_now(path, directory);
+    if (error == 0) return {};
+    std::lock_guard<std::mutex> lock(mutex_);
+    mine();
+    left_.emplace(path, directory);
+    return fmt::format("cannot remove '{}': {}; tried again when a scope starts or ends, and at exit", path,
+                       std::strerror(error));
+  }
+  /// Tries every path remembered again; those still there (a directory's before what it holds).
+  std::vector<std::string> retry() {
+    std::map<std::string, bool> paths;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      mine();
+      paths = left_;
+    }
+    std::vector<std::string> still;
+    for (const auto& [path, directory] : paths) {
+      if (remove_now(path, directory) != 0) still.push_back(path);
+      else forget(path);
+    }
+    return still;
+  }
+  /// Tests: a removal of a path for which `fail` returns an errno value fails with it, as a
+  /// directory made unwritable makes it fail (which tests running as root cannot: root ignores a
+  /// directory's permissions). Empty: every removal is tried for real.
+  void fail_for_test(std::function<int(const std::string&)> fail) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fail_ = std::move(fail);
+  }
+
+ private:
+  /// 0 when `path` is gone, else the errno of the removal that failed.
+  int remove_now(const std::string& path, bool directory) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (const int injected = fail_ ? fail_(path) : 0) return injected;
+    }
+    if (!directory) return ::unlink(path.c_str()) == 0 || errno == ENOENT ? 0 : errno;
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    return ec.value();
+  }
+  void forget(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    left_.erase(path);
+  }
+  /// Under mutex_: a forked child starts with nothing to retry (the paths are its parent's).
+  void mine() {
+    if (owner_ == ::getpid()) return;
+    owner_ = ::getpid();
+    left_.clear();
+  }
+
+  std::mutex mutex_;
+  ::pid_t owner_ = ::getpid();
+  std::map<std::string, bool> left_;  // path -> whether a directory; sorted, so a directory comes before its files
+  std::function<int(const std::string&)> fail_;
+};
 
 /// The files Offload scopes let go under one directory, kept for later writes (reuse_files): one
 /// pool per directory for the process, so a scope made for each step finds the files of the last.
@@ -210,7 +311,9 @@ class OffloadKeptFiles {
     return m;
   }
   static std::map<std::string, std::shared_ptr<OffloadKeptFiles>>& registry() {
+    static OffloadRemovals& removals = OffloadRemovals::process();  // made first, so destroyed after the pools
     static std::map<std::string, std::shared_ptr<OffloadKeptFiles>> pools;  // removed at exit
+    (void)removals;
     return pools;
   }
   /// Removes the kept files, in the process that kept them only: a forked child's exit must not
@@ -221,8 +324,7 @@ class OffloadKeptFiles {
     const std::size_t n = files_.size();
     files_.clear();
     kept_bytes_ = 0;
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    OffloadRemovals::process().remove(dir_, true);
     return n;
   }
 
@@ -251,6 +353,7 @@ class OffloadCore {
     REMAT_CHECK(!ec && fs::is_directory(options_.directory), "Offload: cannot make the directory '{}': {}",
                 options_.directory, ec ? ec.message() : std::string("not a directory"));
     stats_.stale_removed = remove_dead_process_directories(options_.directory, "remat-offload-");
+    OffloadRemovals::process().retry();  // what earlier scopes could not remove
     static std::atomic<std::uint64_t> scopes{0};
     dir_ = (fs::absolute(options_.directory) /
             fmt::format("remat-offload-{}-{}", ::getpid(), scopes.fetch_add(1, std::memory_order_relaxed)))
@@ -276,8 +379,9 @@ class OffloadCore {
     wake_.notify_all();
     worker_.join();
     std::free(staging_);
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);  // files of records dropped mid-write, if any
+    OffloadRemovals& removals = OffloadRemovals::process();
+    removals.remove(dir_, true);  // with the files of records dropped mid-write, if any
+    removals.retry();             // and what earlier scopes could not remove
   }
   OffloadCore(const OffloadCore&) = delete;
   OffloadCore& operator=(const OffloadCore&) = delete;
@@ -475,15 +579,24 @@ class OffloadCore {
     busy_removing_ = true;
     const std::size_t peak = stats_.peak_disk_bytes;
     lock.unlock();
-    remove_file(removal.path, removal.bytes, peak);
+    const std::string error = remove_file(removal.path, removal.bytes, peak);
     lock.lock();
     busy_removing_ = false;
     stats_.disk_bytes -= removal.bytes;
+    removal_failed(error);
     to_timeline();
   }
-  /// A file let go: kept for a later write (reuse_files), or unlinked. Without the lock.
-  void remove_file(const std::string& path, std::size_t bytes, std::size_t peak) {
-    if (!kept_ || !kept_->keep(path, bytes, peak)) ::unlink(path.c_str());
+  /// A file let go: kept for a later write (reuse_files), or unlinked; why it could not be, or
+  /// empty. Without the lock.
+  std::string remove_file(const std::string& path, std::size_t bytes, std::size_t peak) {
+    if (kept_ && kept_->keep(path, bytes, peak)) return {};
+    return OffloadRemovals::process().remove(path, false);
+  }
+  /// Counts a removal that failed (`error` empty: none did). Under mutex_.
+  void removal_failed(const std::string& error) {
+    if (error.empty()) return;
+    ++stats_.removal_failures;
+    if (stats_.first_removal_error.empty()) stats_.first_removal_error = "offload: " + error;
   }
   /// The store's RAM and disk bytes after a change, to the trace that records (if one does).
   void to_timeline() const {
@@ -585,8 +698,9 @@ class OffloadCore {
         stats_.disk_bytes -= size;
         const std::size_t peak = stats_.peak_disk_bytes;
         lock.unlock();
-        remove_file(path, size, peak);
+        const std::string error = remove_file(path, size, peak);
         lock.lock();
+        removal_failed(error);
       }
       return;
     }
@@ -827,6 +941,10 @@ class Offload {
   /// Removes the files scopes with OffloadOptions::reuse_files kept for reuse, in every directory
   /// (scopes alive then go on, writing new files); how many there were.
   static std::size_t remove_kept_files() { return detail::OffloadKeptFiles::remove_all(); }
+  /// Tries again to remove the files and directories Offload scopes could not (a directory made
+  /// unwritable or unreadable under them; stats().removal_failures counts them); those still there.
+  /// Scopes also try whenever one starts or ends, and the process at exit.
+  static std::vector<std::string> remove_left_files() { return detail::OffloadRemovals::process().retry(); }
 
  private:
   using Handle = detail::OffloadHandle;
