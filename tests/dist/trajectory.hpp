@@ -67,10 +67,11 @@ inline Tensor micro_batch_loss(nn::GPT& model, int step, int rank, bool mixed) {
 }
 
 /// One process: each step accumulates the N micro-batches in rank order, divides by N, AdamW.
-/// `mixed`: each forward under remat::autocast (backward outside it).
-inline Trajectory reference(int ranks, int steps, bool mixed = false) {
+/// `mixed`: each forward under remat::autocast (backward outside it); `cfg`: the GPT (tiny_gpt()
+/// with other sizes: micro_batch()'s tokens fit it).
+inline Trajectory reference(int ranks, int steps, bool mixed = false, const nn::GPTConfig& cfg = tiny_gpt()) {
   Generator init(5);
-  nn::GPT model(tiny_gpt(), init);
+  nn::GPT model(cfg, init);
   optim::AdamW adamw(gpt_groups(model), kAdamW);
   Trajectory out;
   for (int step = 0; step < steps; ++step) {

@@ -12,10 +12,14 @@
 // Why checkpointing gathers a block once in backward: the wrapper sits around each block inside
 // whatever runs the stack (BlockStack::set_block_wrapper), so a checkpoint's segment and its replay
 // both go through it. After a block's forward its parameters are freed unless a backward through
-// that very graph follows at once (a replay inside backward that records one); then they stay
-// until the block's gradients are final. A block whose forward was freed is gathered again by a
-// node on its output whose backward runs before any of the block's own. So per-block checkpointing
-// and no checkpointing both gather each block twice a step (forward, backward), not three times.
+// that very graph follows (a replay inside backward that records one); then they stay until the
+// block's gradients are final and no node reads them. A block whose forward was freed is gathered
+// again by a node on its output whose backward runs before any of the block's own. So per-block
+// checkpointing and no checkpointing both gather each block twice a step (forward, backward), not
+// three times. A replay that records several blocks before reversing them (sqrt, uniform:k with
+// k > 2, a checkpoint() around several blocks) keeps only the last one it recorded beside the one
+// it runs: the others are freed as it goes on and gathered again by that node, so two blocks at
+// most are here under every schedule, for k - 2 more gathers a replayed segment of k blocks.
 // A parameter's Storage object stays the same throughout: nodes that saved it read the gathered
 // bytes, and a read while it is sharded is an error naming the parameter and its unit.
 //
@@ -31,9 +35,12 @@
 //
 // Why the model state stays within 16Ψ/N + two blocks (+ the root beyond its shard: its whole
 // parameters, and its gradients until reduced): in backward a parameter whose gradient is final
-// and which no node holds any more is freed at once, so a block shrinks as its backward proceeds,
-// and the next block's prefetch starts only when it fits beside what is here and the largest
-// gradient still to come. Every quantity that decision weighs comes from the graph and the sizes
+// and which no node holds any more is freed at once, so a block shrinks as its backward proceeds
+// (a block whose gradients are all final goes as a whole by the same rule: not while a node that
+// saved one of its parameters is yet to run or running — a product hands its first operand its
+// gradient before it reads that operand for the other's, so a gate written g * x gets the block's
+// last gradient while its node still reads g), and the next block's prefetch starts only when it
+// fits beside what is here and the largest gradient still to come. Every quantity that decision weighs comes from the graph and the sizes
 // (whole parameters, gradients, saved records, the last reductions sent — never whether one has
 // completed, nor who else holds a parameter on this rank), so every rank starts the same
 // all-gathers in the same order. A parameter read in backward must be saved by the node reading
@@ -83,8 +90,9 @@ struct FullyShardedOptions {
   /// of the largest block's parameters, the same on every rank. The model state then stays within
   /// 16Ψ/N + two blocks + the root's parameters beyond its shard; in backward the next block starts
   /// arriving once the current one has freed enough (its parameters are freed one by one as their
-  /// gradients are final). False starts it as soon as the order names it: more overlap, and up to
-  /// one parameter's gradient and its reduction more.
+  /// gradients are final). False starts it as soon as the order names it and fits beside the
+  /// blocks' parameters here and arriving (two blocks at most): more overlap, and up to one
+  /// parameter's gradient and its reduction more.
   bool prefetch_within_two_units = true;
   /// Parameters whose gradient reduction may be in flight at once (each holds its local gradient
   /// and the other ranks' copies of this rank's piece of it). More overlap backward with
@@ -327,19 +335,40 @@ class FullyShardedDataParallel : private remat::Observer {
 
   // Block i: gathered around its forward, and again before its backward if freed meanwhile.
   Tensor run_unit(std::size_t i, const nn::Block& f, const Tensor& x) {
-    gather(units_[i]);
-    Tensor y = f(expected_.empty() ? mark_block_start(i, x) : x);
     const remat::detail::Session& s = remat::detail::session();
     const bool backward_follows = s.backward_depth > 0 && s.recording && s.grad_enabled;
+    if (s.backward_depth > 0) let_go_kept(i);
+    gather(units_[i]);
+    Tensor y = f(expected_.empty() ? mark_block_start(i, x) : x);
     if (!backward_follows) release(units_[i]);
+    else if (pinned_ == 0) units_[i].kept = ++kept_serial_;  // for its backward, which follows later
     if (!remat::detail::grad_needed(y)) return y;
     // y's data under a new node whose backward, the first of the block's, gathers the block.
     Tensor out(y.storage(), y.shape());
     remat::detail::record<float>("fsdp_gather", {y}, {&out}, {}, [this, i](remat::detail::BackwardContext<float>& ctx) {
-      gather(units_[i]);
+      ShardedUnit& u = units_[i];
+      u.kept = 0;  // its backward begins: here until its gradients are final and nothing reads it
+      u.retained = ctx.retain_graph();
+      const bool here = u.gathered && !u.stale && !u.partly;
+      gather(u);
+      if (here) prefetch_after(i);  // kept since its forward: ask for what the schedule needs after it
       ctx.accumulate(0, Tensor(ctx.grad_output().storage(), ctx.grad_output().shape()));
     });
     return out;
+  }
+
+  // Before block i runs forward inside backward: of the blocks kept for a backward not begun (a
+  // replay records several before reversing them), the one kept last stays and the others go, so
+  // that with block i two blocks at most are here. Each is gathered again by the node on its
+  // output, whose backward runs before any of its own: a replayed segment of k > 2 blocks costs
+  // k - 2 gathers more, and its last two reverse without one. Decided from the graph's order alone
+  // (the same on every rank).
+  void let_go_kept(std::size_t i) {
+    std::uint64_t newest = 0;
+    for (std::size_t k = 0; k < units_.size(); ++k)
+      if (k != i) newest = std::max(newest, units_[k].kept);
+    for (std::size_t k = 0; k < units_.size(); ++k)
+      if (k != i && units_[k].kept != 0 && units_[k].kept != newest) release(units_[k]);
   }
 
   // The first step, before the counts are known: x's data under a node recorded before any of the
@@ -353,6 +382,7 @@ class FullyShardedDataParallel : private remat::Observer {
     if (!remat::detail::grad_needed(x)) return x;
     Tensor out(x.storage(), x.shape());
     remat::detail::record<float>("fsdp_block_done", {x}, {&out}, {}, [this, i](remat::detail::BackwardContext<float>& ctx) {
+      units_[i].retained = ctx.retain_graph();
       block_done(i);
       ctx.accumulate(0, Tensor(ctx.grad_output().storage(), ctx.grad_output().shape()));
     });
@@ -367,7 +397,7 @@ class FullyShardedDataParallel : private remat::Observer {
     if (!step_started_) start_step();
     for (const ShardedUnit::Entry& e : units_[i].entries)
       if (!reduced_[e.param]) reduce(e.param);
-    release(units_[i]);
+    release_when_unread(units_[i]);
   }
 
   // This rank's shard of every rank's `shard` laid end to end (a counted tensor of the unit's size).
@@ -383,6 +413,8 @@ class FullyShardedDataParallel : private remat::Observer {
   // nodes that saved them read the gathered bytes). Each parameter is all-gathered straight into
   // the bytes it will own: no flat buffer beside them, so gathering costs the unit's size once.
   void gather(ShardedUnit& u) {
+    release_unread();  // first, so that what is done with makes room
+    u.release_waiting = false;  // needed again: it goes with the step, or when its gradients are final again
     if (u.gathered && !u.stale && !u.partly) return;
     const auto which = static_cast<std::int64_t>(&u - units_.data());
     if (deferred_ == which) deferred_ = -1;  // needed now: no longer ahead
@@ -463,8 +495,8 @@ class FullyShardedDataParallel : private remat::Observer {
       deferred_ = -1;
       return;
     }
-    if (within_two_units_ && working_set_bytes() + static_cast<std::size_t>(n.numel) * sizeof(float) > two_blocks_)
-      return;
+    const std::size_t incoming = static_cast<std::size_t>(n.numel) * sizeof(float);
+    if ((within_two_units_ ? working_set_bytes() : parameter_bytes_here()) + incoming > two_blocks_) return;
     deferred_ = -1;
     // Every buffer first: an allocation that throws leaves nothing started.
     std::vector<std::unique_ptr<remat::detail::Storage>> landing;
@@ -520,6 +552,38 @@ class FullyShardedDataParallel : private remat::Observer {
     }
     u.gathered = false;
     u.partly = false;
+    u.release_waiting = false;
+    u.kept = 0;
+  }
+
+  // Every gradient of u is final: its parameters go once no node of the walk can still read
+  // them — none of the saved records the graph's nodes hold holds any of them (the node that
+  // handed out the last gradient among them: a product's backward hands its first operand its
+  // gradient before it reads that operand for the other's). The same criterion frees a parameter
+  // alone (free_finished_parameters); both come from the graph, the same on every rank. Until then
+  // it waits, and is tried again before every op, backward op and gather, and when a walk ends. In
+  // a walk that retains the graph, the nodes that ran keep what they saved for a later walk (which
+  // gathers the block again before any of them): there it waits only for the node running, until
+  // the next backward op or the walk's end (`node_done`).
+  void release_when_unread(ShardedUnit& u, bool node_done = false) {
+    if (u.root || !u.gathered || pinned_ > 0) return;
+    if (!(u.retained && node_done))
+      for (const ShardedUnit::Entry& e : u.entries)
+        if (params_[e.param]->storage()->saved_refs() > 0) {
+          if (!u.release_waiting) ++releases_waiting_;
+          u.release_waiting = true;
+          return;
+        }
+    release(u);
+  }
+  void release_unread(bool node_done = false) {
+    if (releases_waiting_ == 0) return;
+    releases_waiting_ = 0;
+    for (ShardedUnit& u : units_)
+      if (u.release_waiting) {
+        u.release_waiting = false;
+        release_when_unread(u, node_done);
+      }
   }
 
   // Before each backward op (the previous one has run and let go of what it saved): a block's
@@ -585,15 +649,33 @@ class FullyShardedDataParallel : private remat::Observer {
     return bytes + (expected_.empty() ? to_come : next_gradient);
   }
 
+  // What a prefetch that does not wait for the gradients (prefetch_within_two_units false) must
+  // fit beside within two blocks: the blocks' parameters here (done-with ones apart) and arriving.
+  // So two blocks' parameters at most are here then too (a block kept from a replay's forward for
+  // its backward, and the one running, leave no room for a third).
+  std::size_t parameter_bytes_here() const {
+    std::size_t bytes = 0;
+    for (const ShardedUnit& u : units_) {
+      if (u.root) continue;
+      bytes += u.ahead_bytes();
+      if (!u.gathered) continue;
+      for (const FlatEntry& e : u.entries)
+        if (!done_with_[e.param]) bytes += params_[e.param]->nbytes();
+    }
+    return bytes;
+  }
+
   // Observer: ops and backward ops move the collectives in flight on (MPI progresses a
   // non-blocking collective only inside its calls), and a finished reduction frees its buffers.
   void op_begin(const OpOutput&) override {
     progress_in_flight();
+    release_unread();
     start_deferred_prefetch();
     sample_memory();
   }
   void backward_op(const char*) override {
     progress_in_flight();
+    release_unread(true);  // the node before has run
     free_finished_parameters();
     start_deferred_prefetch();
     sample_memory();
@@ -650,7 +732,9 @@ class FullyShardedDataParallel : private remat::Observer {
     if (seen_[i] != expected_[i]) return;
     reduce(i);
     if (!u.root) finished_.push_back(i);
-    if (--u.waiting == 0) release(u);  // every gradient of the unit is final: its parameters are done
+    // Every gradient of the unit final: its parameters go once no node reads them (the one
+    // running may: this gradient is handed out from inside its backward).
+    if (--u.waiting == 0) release_when_unread(u);
   }
 
   std::string refuses_higher_order() const override {
@@ -659,9 +743,11 @@ class FullyShardedDataParallel : private remat::Observer {
            "alone)";
   }
   void backward_end(bool completed, bool outermost) override {
+    release_unread(true);    // the walk's nodes have run (and let go of what they saved, unless retained)
     if (!outermost) return;  // a dry run inside a backward is not the step's end
     drop_prefetches();
     finished_.clear();
+    for (ShardedUnit& u : units_) u.kept = 0;
     std::fill(forward_runs_.begin(), forward_runs_.end(), 0);
     std::fill(reversed_.begin(), reversed_.end(), 0);
     if (!step_started_) return;
@@ -751,6 +837,8 @@ class FullyShardedDataParallel : private remat::Observer {
   std::vector<long> own_refs_;                 ///< per parameter: holders of its storage outside any graph
   std::vector<std::size_t> finished_;          ///< block parameters reduced this backward, not yet freed
   std::vector<char> done_with_;                ///< per parameter: freed one by one (on every rank alike)
+  std::size_t releases_waiting_ = 0;           ///< units whose release waits for nodes that read them (a bound)
+  std::uint64_t kept_serial_ = 0;              ///< the last ShardedUnit::kept given
   std::int64_t deferred_ = -1;                 ///< a unit whose prefetch waits for room (-1: none)
   std::vector<std::size_t> reserve_;           ///< working_set_bytes()'s scratch, kept to spare an allocation per op
   std::int64_t unused_prefetches_ = 0;

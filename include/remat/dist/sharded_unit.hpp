@@ -56,6 +56,16 @@ struct ShardedUnit {
   bool stale = false;         ///< the shard changed since the last gather: the next one bumps versions
   bool grads_fresh = true;    ///< this backward's reductions write the gradient shard (else add to it)
   int waiting = 0;            ///< parameters whose gradients are not final yet
+  /// Every gradient is final, but a node yet to run (or running) saved one of its parameters: it is
+  /// released once no saved record holds any of them.
+  bool release_waiting = false;
+  /// Its backward runs in a walk that retains the graph: nodes that ran keep what they saved (for a
+  /// later walk, which gathers it again first), so the release waits only for the node running.
+  bool retained = false;
+  /// Gathered by a forward inside backward (a replay that records), its own backward not begun:
+  /// the order it was kept in (0: not kept). It may be let go meanwhile, since a node on its output
+  /// gathers it again before any of its own.
+  std::uint64_t kept = 0;
   /// A prefetch in flight: each parameter's bytes arriving in the storage it will take over.
   std::vector<std::unique_ptr<remat::detail::Storage>> ahead;
   std::vector<MPI_Request> ahead_requests;  ///< one all-gather per parameter
