@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "support.hpp"
 
 #include <remat/testing/compare.hpp>
@@ -108,4 +110,23 @@ TEST_CASE("compare_runs: a gradient neither run gave, and records of other entri
   CHECK_FALSE(longer.equal);
   CHECK(longer.message.find("recorded 1 entries and the checkpointed run 2; the first unmatched is b") !=
         std::string::npos);
+}
+
+TEST_CASE("compare_runs: float64 and bfloat16 tensors compared bit for bit, their type named",
+          "[testing][compare][dtype]") {
+  const DoubleTensor a = to<double>(randn({2, 3}));
+  DoubleTensor b = detail::copy_of(a);
+  b.data()[4] = std::nextafter(b.data()[4], 1e300);  // one unit in the last place of a double
+  auto record = [](const DoubleTensor& t) { return [t] { return testing::RunRecord().tensor("x", t); }; };
+  CHECK(testing::compare_runs(record(a), record(detail::copy_of(a))).equal);
+  const testing::GradientComparison off = testing::compare_runs(record(a), record(b));
+  CHECK_FALSE(off.equal);
+  INFO(off.message);
+  CHECK(off.message.find("x (shape (2, 3), float64): 1 of 6 elements differ; first at flat index 4") !=
+        std::string::npos);
+  const BasicTensor<bfloat16> h = to<bfloat16>(randn({4}));
+  auto narrow = [&] { return testing::RunRecord().tensor("x", h); };
+  auto wide = [&] { return testing::RunRecord().tensor("x", to<float>(h)); };
+  CHECK(testing::compare_runs(narrow, narrow).equal);
+  CHECK(testing::compare_runs(narrow, wide).message == "x: bfloat16 vs float32");
 }

@@ -9,8 +9,10 @@
 //
 // Arguments and results may be any mix of tensors (of any element type) and other values, nested
 // in tuples, pairs, vectors, arrays, optionals, std::maps and plain structs (core/tensor_tree.hpp).
-// Float tensors in the result that require grad are the node's outputs; every other value comes
-// back as fn made it (a mask stays an int64 tensor; an output that needs no grad does not get one).
+// Floating tensors (float32, float64, bfloat16) in the result that require grad are the node's
+// outputs, and those among the arguments its inputs, each receiving its gradient in its own type
+// (core/mixed_node.hpp); every other value comes back as fn made it (a mask stays an int64 tensor;
+// an output that needs no grad does not get one).
 
 #include <cstdint>
 #include <cstring>
@@ -54,7 +56,7 @@ struct CheckpointOptions {
 namespace detail {
 
 /// Where a tensor found in the arguments went: its index among the node's saved tensors, and
-/// among the node's (float) inputs when it can receive a gradient; -1 for none.
+/// among the node's inputs of its element type when it can receive a gradient; -1 for none.
 struct ArgumentSlot {
   std::ptrdiff_t saved = -1;
   std::ptrdiff_t input = -1;
@@ -84,7 +86,7 @@ struct Segment {
   DrawnGenerators other_rng;              // every other generator the forward drew from
   std::vector<ArgumentSlot> arg_slots;   // one per tensor in the arguments, in for_each_tensor order
   std::vector<FirstRunOutput> outputs;    // one per tensor in the result, in for_each_tensor order
-  std::vector<std::size_t> node_outputs; // which of those are the node's outputs
+  std::vector<bool> node_output;          // which of those are the node's outputs
   std::size_t kept_first = 0;            // selective outputs are saved from here on
   std::size_t kept = 0;
   std::vector<KeptOp> kept_ops;          // which op invocations they came from
@@ -109,19 +111,20 @@ struct Segment {
     return R(std::invoke(first, call_args...));
   }
 
-  /// The boundary: every tensor among the arguments is saved (into `saved`); float ones that need a
-  /// gradient are also the node's inputs. The stored copies of the arguments are cleared, since
-  /// the node keeps their tensors.
-  void take_boundary(const Args&... call_args, std::vector<SavedTensor>& saved, std::vector<Tensor>& inputs) {
+  /// The boundary: every tensor among the arguments is saved (into `saved`); floating ones that
+  /// need a gradient are also the node's inputs of their type. The stored copies of the arguments
+  /// are cleared, since the node keeps their tensors.
+  void take_boundary(const Args&... call_args, std::vector<SavedTensor>& saved, PerFloatingType<TensorList>& inputs) {
     auto add_argument = [&](const auto& t) {
+      using U = typename std::decay_t<decltype(t)>::Scalar;
       ArgumentSlot slot;
       if (t.defined()) {
         slot.saved = static_cast<std::ptrdiff_t>(saved.size());
         saved.emplace_back(t);
-        if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
+        if constexpr (is_floating_dtype<U>) {
           if (t.requires_grad()) {
-            slot.input = static_cast<std::ptrdiff_t>(inputs.size());
-            inputs.push_back(t);
+            slot.input = static_cast<std::ptrdiff_t>(inputs.get<U>().size());
+            inputs.get<U>().push_back(t);
           }
         }
       }
@@ -132,29 +135,30 @@ struct Segment {
   }
 
   /// Notes what the forward returned (shapes, types, hashes under check_values) and returns the
-  /// tensors that become the node's outputs: those that require grad, given fresh handles.
-  std::vector<Tensor*> note_outputs(R& result) {
-    std::vector<Tensor*> out;
+  /// tensors that become the node's outputs: floating ones that require grad, given fresh handles
+  /// (never an input's autograd metadata; a tangent stays).
+  PerFloatingType<TensorPointers> note_outputs(R& result) {
+    PerFloatingType<TensorPointers> out;
     for_each_tensor(result, [&](auto& t) {
+      using U = typename std::decay_t<decltype(t)>::Scalar;
       FirstRunOutput o = FirstRunOutput::of(t, check_values);
-      if (o.defined) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) {
-          if (t.requires_grad()) {
-            node_outputs.push_back(outputs.size());
-            out.push_back(&t);
-          }
+      bool is_output = false;
+      if constexpr (is_floating_dtype<U>) {
+        if (o.defined && t.requires_grad()) {
+          is_output = true;
+          t = detach_keeping_tangent(t);
+          out.get<U>().push_back(&t);
         }
       }
+      node_output.push_back(is_output);
       outputs.push_back(std::move(o));
     });
-    // Fresh handles: never an input's autograd metadata; a tangent stays.
-    for (Tensor* o : out) *o = detach_keeping_tangent(*o);
     return out;
   }
 
   /// The arguments for a replay: stored values, tensors refilled from the node (a float tensor
   /// that needs a gradient under its input's autograd identity, so its gradient arrives there).
-  std::tuple<std::decay_t<Args>...> replay_args(const BackwardContext<float>& ctx) const {
+  std::tuple<std::decay_t<Args>...> replay_args(const MixedBackwardContext& ctx) const {
     auto out = args;
     std::size_t next = 0;
     std::apply([&](auto&... a) { (for_each_tensor(a, [&](auto& t) { refill(t, ctx, arg_slots[next++]); }), ...); },
@@ -166,11 +170,11 @@ struct Segment {
   /// outputs handed back by position, ops past the last one backward reads skipped (early stop).
   /// Recorded (create_graph), the kept outputs are computed again instead: a kept value has no
   /// graph back to its op's inputs, and a second differentiation must reach them through it.
-  R replay(RecordedRun& run, const BackwardContext<float>& ctx, std::vector<TracedOp>& replay_trace,
+  R replay(RecordedRun& run, const MixedBackwardContext& ctx, std::vector<TracedOp>& replay_trace,
            bool recorded = false) {
     std::vector<SavedTensor> kept_outputs;
     if (!recorded)
-      for (std::size_t j = 0; j < kept; ++j) kept_outputs.emplace_back(ctx.saved(kept_first + j));
+      for (std::size_t j = 0; j < kept; ++j) kept_outputs.emplace_back(ctx.saved_ref(kept_first + j));
     std::optional<R> replayed;
     run.record([&] {
       TimelineSpan span("replay", [&] { return "replay " + options.name; });
@@ -190,25 +194,26 @@ struct Segment {
   }
 
   /// Checks the replay's result against the forward's (count, shapes and types; values under
-  /// check_values) and returns its node outputs, in the forward's order.
-  std::vector<Tensor*> verify(R& replayed) const {
+  /// check_values) and returns its node outputs, each type's in the forward's order.
+  PerFloatingType<TensorPointers> verify(R& replayed) const {
     const std::string name = who();
     std::size_t i = 0;
-    std::vector<Tensor*> all;
+    PerFloatingType<TensorPointers> outs;
     for_each_tensor(replayed, [&](auto& t) {
+      using U = typename std::decay_t<decltype(t)>::Scalar;
       if (i >= outputs.size())
         throw CheckpointError(fmt::format("{}: the replay returned more tensors than the forward's {}", name,
                                           outputs.size()));
       if (std::string d = replay_difference(fmt::format("{}: output {}", name, i), t, outputs[i]); !d.empty())
         throw CheckpointError(d);
-      if constexpr (std::is_same_v<std::decay_t<decltype(t)>, Tensor>) all.push_back(&t);
-      else all.push_back(nullptr);
+      // The same type as in the forward (checked above), so each type's outputs line up.
+      if constexpr (is_floating_dtype<U>) {
+        if (node_output[i]) outs.get<U>().push_back(&t);
+      }
       ++i;
     });
     if (i != outputs.size())
       throw CheckpointError(fmt::format("{}: the replay returned {} tensors, the forward {}", name, i, outputs.size()));
-    std::vector<Tensor*> outs;
-    for (std::size_t k : node_outputs) outs.push_back(all[k]);
     return outs;
   }
 
@@ -216,7 +221,7 @@ struct Segment {
   /// output gradients (its activations live on the run's tape and die with it). In a backward
   /// that records its ops (create_graph) the replay is recorded onto the tape being walked and
   /// stays there: the gradients' graph reaches the inputs through the replayed activations.
-  void backward(BackwardContext<float>& ctx) {
+  void backward(MixedBackwardContext& ctx) {
     reads.check_versions(who());
     // Formulas in ops (create_graph, or carrying tangents): kept outputs are computed again (a kept
     // value has neither a graph back to its op's inputs nor a tangent); only create_graph records
@@ -227,7 +232,7 @@ struct Segment {
     else run.emplace();
     std::vector<TracedOp> replay_trace;
     std::optional<R> replayed;
-    std::vector<Tensor*> outs;
+    PerFloatingType<TensorPointers> outs;
     try {
       replayed.emplace(replay(*run, ctx, replay_trace, recorded));
       outs = verify(*replayed);
@@ -235,24 +240,34 @@ struct Segment {
       if (!debug) throw;
       throw CheckpointError(fmt::format("{}\n  {}", e.what(), trace_difference(trace, replay_trace)));
     }
-    std::vector<Tensor> grads;
-    for (std::size_t j = 0; j < outs.size(); ++j) {
-      // An output that reached no loss seeds nothing: what only it depends on gets no gradient
-      // (not a zero one), as without checkpointing.
-      grads.push_back(outs[j]->requires_grad() && ctx.has_grad_output(j) ? ctx.grad_output(j) : Tensor());
-    }
+    PerFloatingType<TensorList> grads;
+    output_grads<float>(ctx, outs, grads);
+    output_grads<double>(ctx, outs, grads);
+    output_grads<bfloat16>(ctx, outs, grads);
     run->backward(outs, grads);
   }
 
  private:
+  /// The gradients the node's outputs of type U received. An output that reached no loss seeds
+  /// nothing: what only it depends on gets no gradient (not a zero one), as without checkpointing.
   template <class U>
-  static void refill(BasicTensor<U>& slot, const BackwardContext<float>& ctx, const ArgumentSlot& where) {
+  static void output_grads(MixedBackwardContext& ctx, const PerFloatingType<TensorPointers>& outs,
+                           PerFloatingType<TensorList>& grads) {
+    const TensorPointers<U>& mine = outs.get<U>();
+    for (std::size_t j = 0; j < mine.size(); ++j)
+      grads.get<U>().push_back(mine[j]->requires_grad() && ctx.has_grad_output<U>(j) ? ctx.grad_output<U>(j)
+                                                                                       : BasicTensor<U>());
+  }
+
+  template <class U>
+  static void refill(BasicTensor<U>& slot, const MixedBackwardContext& ctx, const ArgumentSlot& where) {
     if (where.saved < 0) return;
     const auto k = static_cast<std::size_t>(where.saved);
-    if constexpr (std::is_same_v<U, float>) {
-      slot = where.input >= 0 ? ctx.as_input(static_cast<std::size_t>(where.input), ctx.saved(k)) : ctx.saved(k);
+    if constexpr (is_floating_dtype<U>) {
+      slot = where.input >= 0 ? ctx.as_input<U>(static_cast<std::size_t>(where.input), ctx.saved<U>(k))
+                              : ctx.saved<U>(k);
     } else {
-      slot = ctx.template saved<U>(k);
+      slot = ctx.saved<U>(k);
     }
   }
 };
@@ -278,7 +293,7 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
                                        std::move(options));
   Seg& seg = *segment;
   std::vector<detail::SavedTensor> kept, saved;
-  std::vector<Tensor> inputs;
+  detail::PerFloatingType<detail::TensorList> inputs;
   R result = [&] {
     if constexpr (std::is_lvalue_reference_v<F>) return seg.run_forward(fn, args..., kept);
     else return seg.run_forward(seg.fn, args..., kept);
@@ -293,18 +308,19 @@ auto checkpoint(CheckpointOptions options, F&& fn, const Args&... args) {
     detail::report_saved_for_backward(saved);
     return result;
   }
-  std::vector<Tensor*> node_outputs = seg.note_outputs(result);
-  if (node_outputs.empty()) return result;  // nothing inside needs a gradient: nothing to replay
+  const detail::PerFloatingType<detail::TensorPointers> node_outputs = seg.note_outputs(result);
+  if (!node_outputs.any([](const auto& list) { return !list.empty(); }))
+    return result;  // nothing inside needs a gradient: nothing to replay
   const std::string name = seg.options.name;
-  detail::record<float>(name, inputs, node_outputs, std::move(saved),
-                        [segment](detail::BackwardContext<float>& ctx) {
-                          segment->backward(ctx);
-                          // fn may hold tensors computed before the segment (a lambda's captures)
-                          // that its replay just sent gradients to: they live on with it until the
-                          // walk has passed their producers.
-                          if (!ctx.retain_graph()) detail::session().walk_keepalive.push_back(segment);
-                        },
-                        SavedBy::checkpoint);
+  detail::record_mixed(name, inputs, node_outputs, std::move(saved),
+                       [segment](detail::MixedBackwardContext& ctx) {
+                         segment->backward(ctx);
+                         // fn may hold tensors computed before the segment (a lambda's captures)
+                         // that its replay just sent gradients to: they live on with it until the
+                         // walk has passed their producers.
+                         if (!ctx.retain_graph()) detail::session().walk_keepalive.push_back(segment);
+                       },
+                       SavedBy::checkpoint);
   return result;
 }
 

@@ -140,21 +140,44 @@ class RecordedRun {
   /// run, freeing its activations unless `retain_graph` (then it can be walked again). A run on
   /// another tape walks its own stretch of it, recording its ops (create_graph), and keeps it.
   void backward(const std::vector<Tensor*>& outputs, const std::vector<Tensor>& grads, bool retain_graph = false) {
-    REMAT_ASSERT(outputs.size() == grads.size());
-    const bool graph = onto_ != nullptr;
-    const bool keep = graph || session().tangent_walk;  // the gradients as they are: a graph, or tangents
-    const TapePosition end = onto_ ? onto_->position() : 0;  // the run's last node, before any seeding sum
-    for (std::size_t i = 0; i < outputs.size(); ++i)
-      if (outputs[i]->requires_grad() && grads[i].defined())
-        accumulate_grad(*outputs[i]->meta(), keep ? grads[i] : copy_of(grads[i]), keep);
-    if (!graph) return tape_.backward(tape_.position(), 0, retain_graph);
-    Install<&Session::create_graph> recorded(true);
-    onto_->backward(end, first_, true);
+    walk([&](bool keep) { seed(outputs, grads, keep); }, retain_graph);
+  }
+  /// backward() for outputs of several floating types, each type's gradients in its place.
+  void backward(const PerFloatingType<TensorPointers>& outputs, const PerFloatingType<TensorList>& grads,
+                bool retain_graph = false) {
+    walk(
+        [&](bool keep) {
+          seed(outputs.get<float>(), grads.get<float>(), keep);
+          seed(outputs.get<double>(), grads.get<double>(), keep);
+          seed(outputs.get<bfloat16>(), grads.get<bfloat16>(), keep);
+        },
+        retain_graph);
   }
 
   const Tape& tape() const { return onto_ ? *onto_ : tape_; }
 
  private:
+  template <class T>
+  static void seed(const std::vector<BasicTensor<T>*>& outputs, const std::vector<BasicTensor<T>>& grads, bool keep) {
+    REMAT_ASSERT(outputs.size() == grads.size());
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      if (outputs[i]->requires_grad() && grads[i].defined())
+        accumulate_grad(*outputs[i]->meta(), keep ? grads[i] : copy_of(grads[i]), keep);
+  }
+
+  /// Seeds the outputs (seed_all(keep): the gradients as they are when `keep`, a graph or
+  /// tangents, else copies) and walks the run backward.
+  template <class SeedAll>
+  void walk(SeedAll&& seed_all, bool retain_graph) {
+    const bool graph = onto_ != nullptr;
+    const bool keep = graph || session().tangent_walk;
+    const TapePosition end = onto_ ? onto_->position() : 0;  // the run's last node, before any seeding sum
+    seed_all(keep);
+    if (!graph) return tape_.backward(tape_.position(), 0, retain_graph);
+    Install<&Session::create_graph> recorded(true);
+    onto_->backward(end, first_, true);
+  }
+
   Tape tape_;
   Tape* onto_ = nullptr;
   TapePosition first_ = 0;

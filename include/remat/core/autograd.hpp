@@ -15,6 +15,7 @@
 
 #include "remat/core/bfloat16.hpp"
 #include "remat/core/error.hpp"
+#include "remat/core/mixed_node.hpp"
 #include "remat/core/node.hpp"
 #include "remat/core/observer.hpp"
 #include "remat/core/op_output.hpp"
@@ -102,6 +103,33 @@ inline void pack_saved(std::vector<SavedTensor>& saved, const SaveContext& conte
   }
 }
 
+/// Gives each of `outputs` fresh autograd metadata that requires grad; a tangent set before (a
+/// checkpointed segment's output, made by the op inside) stays.
+template <class T>
+void make_outputs_require_grad(const std::vector<BasicTensor<T>*>& outputs) {
+  for (BasicTensor<T>* y : outputs) {
+    auto meta = std::make_shared<AutogradMeta<T>>();
+    meta->requires_grad = true;
+    if (has_tangent(*y)) set_tangent(meta, y->meta()->tangent);
+    y->set_meta(std::move(meta));
+  }
+}
+
+/// What every record does before its node exists: outputs made to require grad, their saved
+/// tensors reported, and (recording) packed by the saved-tensor hooks in force. Returns the new
+/// node's id, each output stamped with it; 0 when recording is suspended (no node).
+template <class StampOutputs>
+std::uint64_t begin_record(const std::string& op, std::vector<SavedTensor>& saved, SavedBy saved_by,
+                           StampOutputs&& stamp) {
+  Session& state = session();
+  report_saved_for_backward(saved);
+  if (!state.recording) return 0;
+  pack_saved(saved, SaveContext{op, saved_by});
+  const std::uint64_t id = state.next_node_id++;
+  stamp(id);
+  return id;
+}
+
 /// Makes `outputs` require grad and, unless recording is suspended, puts one node on the current
 /// tape (its saved tensors packed by the saved-tensor hooks in force). Call it only when
 /// grad_needed(inputs...) holds. Inputs and outputs share one element type, except for the cast
@@ -110,21 +138,29 @@ template <class In, class Out = In>
 void record(std::string op, const std::vector<BasicTensor<In>>& inputs,
             const std::vector<BasicTensor<Out>*>& outputs, std::vector<SavedTensor> saved,
             non_deduced<BackwardFn<In, Out>> fn, SavedBy saved_by = SavedBy::op) {
-  Session& state = session();
-  for (BasicTensor<Out>* y : outputs) {
-    auto meta = std::make_shared<AutogradMeta<Out>>();
-    meta->requires_grad = true;
-    // A tangent set before (a checkpointed segment's output, made by the op inside) stays.
-    if (has_tangent(*y)) set_tangent(meta, y->meta()->tangent);
-    y->set_meta(std::move(meta));
-  }
-  report_saved_for_backward(saved);
-  if (!state.recording) return;
-  pack_saved(saved, SaveContext{op, saved_by});
-  const std::uint64_t id = state.next_node_id++;
-  for (BasicTensor<Out>* y : outputs) y->meta()->node_id = id;
+  make_outputs_require_grad(outputs);
+  const std::uint64_t id = begin_record(op, saved, saved_by, [&](std::uint64_t node) {
+    for (BasicTensor<Out>* y : outputs) y->meta()->node_id = node;
+  });
+  if (id == 0) return;
   tape_stack().back()->push(
       std::make_unique<TypedNode<In, Out>>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
+}
+
+/// record() for a node whose inputs and outputs hold several floating types (a checkpointed
+/// segment's: core/mixed_node.hpp); each type's lists in that type's place.
+inline void record_mixed(std::string op, const PerFloatingType<TensorList>& inputs,
+                         const PerFloatingType<TensorPointers>& outputs, std::vector<SavedTensor> saved,
+                         MixedBackwardFn fn, SavedBy saved_by) {
+  outputs.each([](const auto& list) { make_outputs_require_grad(list); });
+  const std::uint64_t id = begin_record(op, saved, saved_by, [&](std::uint64_t node) {
+    outputs.each([&](const auto& list) {
+      for (auto* y : list) y->meta()->node_id = node;
+    });
+  });
+  if (id == 0) return;
+  tape_stack().back()->push(
+      std::make_unique<MixedNode>(std::move(op), id, inputs, outputs, std::move(saved), std::move(fn)));
 }
 
 template <class In, class Out = In>

@@ -139,14 +139,10 @@ void accumulate_grad(AutogradMeta<T>& meta, BasicTensor<T> g, bool graph = false
 template <class In, class Out = In>
 class TypedNode;
 
-/// What a backward function sees: the gradients of the node's outputs (element type Out), what it
-/// saved, and where to add its inputs' gradients (element type In).
-template <class In, class Out = In>
-class BackwardContext {
+/// The walk's modes as every backward function sees them (BackwardContext, MixedBackwardContext).
+class BackwardModes {
  public:
-  BackwardContext(TypedNode<In, Out>& node, std::vector<BasicTensor<Out>>& grad_outputs, bool retain_graph = false,
-                  bool create_graph = false)
-      : node_(node), grad_outputs_(grad_outputs), retain_graph_(retain_graph), create_graph_(create_graph) {}
+  BackwardModes(bool retain_graph, bool create_graph) : retain_graph_(retain_graph), create_graph_(create_graph) {}
 
   /// Whether this backward keeps the graph for another one (a node holding state of its own, such
   /// as a chain's snapshots, must then leave that state as it found it).
@@ -161,6 +157,21 @@ class BackwardContext {
   }
   /// Whether the backward asked create_graph() (checked by the node after it runs).
   bool asked_create_graph() const { return asked_create_graph_; }
+
+ protected:
+  bool retain_graph_;
+  bool create_graph_;
+  mutable bool asked_create_graph_ = false;
+};
+
+/// What a backward function sees: the gradients of the node's outputs (element type Out), what it
+/// saved, and where to add its inputs' gradients (element type In).
+template <class In, class Out = In>
+class BackwardContext : public BackwardModes {
+ public:
+  BackwardContext(TypedNode<In, Out>& node, std::vector<BasicTensor<Out>>& grad_outputs, bool retain_graph = false,
+                  bool create_graph = false)
+      : BackwardModes(retain_graph, create_graph), node_(node), grad_outputs_(grad_outputs) {}
 
   /// The gradient of output i; zeros when that output received none.
   const BasicTensor<Out>& grad_output(std::size_t i = 0);
@@ -206,9 +217,6 @@ class BackwardContext {
 
   TypedNode<In, Out>& node_;
   std::vector<BasicTensor<Out>>& grad_outputs_;
-  bool retain_graph_;
-  bool create_graph_;
-  mutable bool asked_create_graph_ = false;
 };
 
 template <class In, class Out = In>
@@ -223,34 +231,198 @@ struct NonDeduced {
 template <class T>
 using non_deduced = typename NonDeduced<T>::type;
 
+/// A node's edges to its inputs of element type T: each input's autograd metadata, held strongly
+/// (null where no gradient is needed: nothing is sent there), and each input's shape.
+template <class T>
+class InputEdges {
+ public:
+  InputEdges() = default;
+  explicit InputEdges(const std::vector<BasicTensor<T>>& inputs) {
+    for (const BasicTensor<T>& x : inputs) {
+      metas_.push_back(x.requires_grad() ? x.meta() : nullptr);
+      shapes_.push_back(x.shape());
+    }
+    if (!tangents_active()) return;
+    // An input that needs no gradient but carries a tangent (a constant made dual): the formulas
+    // of a backward carrying tangents read it through as_input all the same.
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (!metas_[i] && has_tangent(inputs[i])) {
+        tangent_only_.resize(inputs.size());
+        tangent_only_[i] = inputs[i].meta();
+      }
+  }
+
+  std::size_t size() const { return metas_.size(); }
+  bool needs_grad(std::size_t i) const { return i < metas_.size() && metas_[i] != nullptr; }
+  const Shape& shape(std::size_t i) const { return shapes_[i]; }
+
+  /// `data` carrying input i's autograd identity (or, needing no gradient, its tangent's), else plain.
+  BasicTensor<T> as_input(std::size_t i, const BasicTensor<T>& data) const {
+    BasicTensor<T> t(data.storage(), data.shape());
+    if (needs_grad(i)) t.set_meta(metas_[i]);
+    else if (i < tangent_only_.size() && tangent_only_[i]) t.set_meta(tangent_only_[i]);
+    return t;
+  }
+
+  /// Input i's autograd metadata, to add a gradient into (checked: its graph is not freed).
+  AutogradMeta<T>& gradient_of(std::size_t i, const char* node_name) const {
+    AutogradMeta<T>& input = *metas_[i];
+    REMAT_CHECK(!input.history_freed,
+                "backward: op '{}' passes a gradient to an input of shape {} whose own graph was "
+                "already freed by an earlier backward; pass retain_graph=true to that backward",
+                node_name, shapes_[i]);
+    return input;
+  }
+
+  /// Inside a dual level: counts the node among its inputs' tangent holders and, when it reads
+  /// them (`reads`: it saves anything), their readers; `sign` -1 undoes it.
+  void count_tangent_holds(int sign, bool reads) const {
+    for (const auto* held : {&metas_, &tangent_only_})
+      for (const auto& m : *held) {
+        if (!m) continue;
+        m->tangent_holders += sign;
+        if (reads) m->tangent_readers += sign;
+      }
+  }
+
+ private:
+  std::vector<std::shared_ptr<AutogradMeta<T>>> metas_;
+  // Inside a dual level, of inputs that need no gradient, those with a tangent (else empty).
+  std::vector<std::shared_ptr<AutogradMeta<T>>> tangent_only_;
+  std::vector<Shape> shapes_;
+};
+
+/// A node's edges to its outputs of element type T, held weakly (the tape never keeps an
+/// activation alive), with their shapes: where the gradients it runs on arrive.
+template <class T>
+class OutputEdges {
+ public:
+  OutputEdges() = default;
+  /// `saved`: what the node saves; inside a dual level an output it saves is read by its backward.
+  OutputEdges(const std::vector<BasicTensor<T>*>& outputs, const std::vector<SavedTensor>& saved) {
+    for (const BasicTensor<T>* y : outputs) {
+      metas_.push_back(y->meta());
+      shapes_.push_back(y->shape());
+    }
+    if (!tangents_active()) return;
+    for (std::size_t i = 0; i < outputs.size() && i < 64; ++i)
+      if (std::any_of(saved.begin(), saved.end(),
+                      [&](const SavedTensor& s) { return s.saves(outputs[i]->storage().get()); }))
+        read_ |= std::uint64_t{1} << i;
+  }
+
+  std::size_t size() const { return metas_.size(); }
+  const Shape& shape(std::size_t i) const { return shapes_[i]; }
+  bool any_grad() const {
+    return std::any_of(metas_.begin(), metas_.end(), [](const auto& w) {
+      auto m = w.lock();
+      return m && m->grad.defined();
+    });
+  }
+  bool any_alive() const {
+    return std::any_of(metas_.begin(), metas_.end(), [](const auto& w) { return !w.expired(); });
+  }
+
+  /// The gradients waiting at the outputs, consumed (a later backward starts from nothing); an
+  /// output that retains its gradient (retain_grad, or grad() capturing it) keeps a sum of what it
+  /// received, recorded when the walk carries a graph or tangents (`graph`).
+  std::vector<BasicTensor<T>> take_grads(bool graph) const {
+    std::vector<BasicTensor<T>> grads(metas_.size());
+    for (std::size_t i = 0; i < metas_.size(); ++i) {
+      auto m = metas_[i].lock();
+      if (!m) continue;
+      grads[i] = std::move(m->grad);
+      m->grad = BasicTensor<T>();
+      const GradCapture* capture = session().grad_capture;
+      if (!grads[i].defined() || !(capture ? capture->keeps(m.get()) : m->retains_grad)) continue;
+      if (graph) {
+        m->retained = m->retained.defined() ? recorded_sum(m->retained, grads[i]) : grads[i];
+      } else if (m->retained.defined()) {
+        if (m->retained.meta()) m->retained = copy_of(m->retained);  // left by a create_graph backward
+        flat(m->retained) += flat(grads[i]);
+      } else {
+        m->retained = copy_of(grads[i]);
+      }
+    }
+    return grads;
+  }
+
+  /// Output i's identity on `data` while the output is reachable (else plain data).
+  BasicTensor<T> as_output(std::size_t i, const BasicTensor<T>& data) const {
+    BasicTensor<T> t(data.storage(), data.shape());
+    REMAT_ASSERT(i < metas_.size());
+    if (auto m = metas_[i].lock()) t.set_meta(std::move(m));
+    return t;
+  }
+
+  /// Once the node has run in a walk carrying tangents, no backward reads its outputs' tangents.
+  void drop_tangents() const {
+    for (const auto& w : metas_)
+      if (auto m = w.lock()) m->tangent = BasicTensor<T>();
+  }
+  /// Outputs still alive learn that their history is gone, so a later backward into them throws
+  /// instead of silently stopping there.
+  void mark_history_freed() const {
+    for (const auto& w : metas_)
+      if (auto m = w.lock()) m->history_freed = true;
+  }
+  /// Counts the node among the tangent readers of each output it saves (past 64 outputs: read).
+  void count_tangent_readers(int sign) const {
+    for (std::size_t i = 0; i < metas_.size(); ++i)
+      if (i >= 64 || ((read_ >> i) & 1u))
+        if (auto m = metas_[i].lock()) m->tangent_readers += sign;
+  }
+
+ private:
+  std::vector<std::weak_ptr<AutogradMeta<T>>> metas_;
+  std::vector<Shape> shapes_;
+  std::uint64_t read_ = 0;  // bit i: output i is saved by the node (inside a dual level)
+};
+
+/// Runs a node's backward function `call` (which returns whether it asked create_graph()) in the
+/// walk's mode, then frees the node unless `retain_graph`; what every kind of node does around it.
+template <class Call, class DropOutputTangents>
+void run_node_backward(Node& node, bool graph, bool retain_graph, Call&& call, DropOutputTangents&& drop_tangents) {
+  notify([&](Observer& o) { o.backward_op(node.name()); });
+  TimelineSpan span(node.name(), "backward");
+  const std::vector<std::shared_ptr<void>> pinned = node.pin_saved();
+  bool asked = false;
+  if (session().create_graph) {
+    // A walk this backward runs of its own (a checkpoint's replay) is first-order: only a
+    // backward that asks create_graph() records, and it does so through ordinary ops.
+    Install<&Session::create_graph> first_order(false);
+    asked = call();
+  } else if (graph) {
+    // What a replay's forward left that no backward reads goes before the walk reaches it.
+    if (DualLevelState* level = session().dual_level) level->drop_unread(false);
+    // Carrying tangents: the formulas' ops record nothing (a replay records its own run). Once
+    // the node has run, no backward reads its outputs' tangents again (their consumers ran
+    // before it): they go now, not when the dual level ends.
+    Install<&Session::grad_enabled> unrecorded(false);
+    asked = call();
+    if (!retain_graph) drop_tangents();
+  } else {
+    asked = call();
+  }
+  REMAT_CHECK(!graph || asked,
+              "backward: op '{}' cannot compute its backward in ops (create_graph, or a backward carrying "
+              "tangents: hvp): its gradient would have no graph and no tangent, so a second differentiation "
+              "through it would be wrong. Every op of remat can", node.name());
+  if (!retain_graph) node.release();
+}
+
+/// Whether this walk computes its formulas in ops: recorded (create_graph), or carrying tangents
+/// unrecorded (a tangent walk).
+inline bool walk_in_ops() { return session().create_graph || session().tangent_walk; }
+
 template <class In, class Out>
 class TypedNode final : public Node {
  public:
   TypedNode(std::string name, std::uint64_t id, const std::vector<BasicTensor<In>>& inputs,
             const std::vector<BasicTensor<Out>*>& outputs, std::vector<SavedTensor> saved, BackwardFn<In, Out> fn)
-      : Node(std::move(name), id, std::move(saved)), fn_(std::move(fn)) {
-    for (const BasicTensor<In>& x : inputs) {
-      inputs_.push_back(x.requires_grad() ? x.meta() : nullptr);
-      input_shapes_.push_back(x.shape());
-    }
-    for (const BasicTensor<Out>* y : outputs) {
-      outputs_.push_back(y->meta());
-      output_shapes_.push_back(y->shape());
-    }
-    if (tangents_active()) {
-      // An input that needs no gradient but carries a tangent (a constant made dual): the
-      // formulas of a backward carrying tangents read it through as_input all the same.
-      for (std::size_t i = 0; i < inputs.size(); ++i)
-        if (!inputs_[i] && has_tangent(inputs[i])) {
-          tangent_inputs_.resize(inputs.size());
-          tangent_inputs_[i] = inputs[i].meta();
-        }
-      for (std::size_t i = 0; i < outputs.size() && i < 64; ++i)
-        if (std::any_of(this->saved().begin(), this->saved().end(),
-                        [&](const SavedTensor& s) { return s.saves(outputs[i]->storage().get()); }))
-          outputs_read_ |= std::uint64_t{1} << i;
-      count_tangent_holds(+1);
-    }
+      : Node(std::move(name), id, std::move(saved)), inputs_(inputs), outputs_(outputs, this->saved()),
+        fn_(std::move(fn)) {
+    if (tangents_active()) count_tangent_holds(+1);
   }
 
   ~TypedNode() override {
@@ -258,75 +430,28 @@ class TypedNode final : public Node {
     if (counts_tangents_) count_tangent_holds(-1);
   }
 
-  bool has_output_grad() const override {
-    return std::any_of(outputs_.begin(), outputs_.end(), [](const auto& w) {
-      auto m = w.lock();
-      return m && m->grad.defined();
-    });
-  }
-  bool outputs_alive() const override {
-    return std::any_of(outputs_.begin(), outputs_.end(), [](const auto& w) { return !w.expired(); });
-  }
+  bool has_output_grad() const override { return outputs_.any_grad(); }
+  bool outputs_alive() const override { return outputs_.any_alive(); }
 
   void run(bool retain_graph) override {
     REMAT_ASSERT(!released());
-    // Formulas in ops: recorded (create_graph), or carrying tangents unrecorded (a tangent walk).
-    const bool graph = session().create_graph || session().tangent_walk;
-    std::vector<BasicTensor<Out>> grads(outputs_.size());
-    for (std::size_t i = 0; i < outputs_.size(); ++i) {
-      if (auto m = outputs_[i].lock()) {
-        grads[i] = std::move(m->grad);  // consumed: a later backward starts from nothing
-        m->grad = BasicTensor<Out>();
-        const GradCapture* capture = session().grad_capture;
-        if (grads[i].defined() && (capture ? capture->keeps(m.get()) : m->retains_grad)) {
-          if (graph) {
-            m->retained = m->retained.defined() ? recorded_sum(m->retained, grads[i]) : grads[i];
-          } else if (m->retained.defined()) {
-            if (m->retained.meta()) m->retained = copy_of(m->retained);  // left by a create_graph backward
-            flat(m->retained) += flat(grads[i]);
-          } else {
-            m->retained = copy_of(grads[i]);
-          }
-        }
-      }
-    }
+    const bool graph = walk_in_ops();
+    std::vector<BasicTensor<Out>> grads = outputs_.take_grads(graph);
     BackwardContext<In, Out> ctx(*this, grads, retain_graph, graph);
-    notify([&](Observer& o) { o.backward_op(name()); });
-    TimelineSpan span(name(), "backward");
-    const std::vector<std::shared_ptr<void>> pinned = pin_saved();
-    if (session().create_graph) {
-      // A walk this backward runs of its own (a checkpoint's replay) is first-order: only a
-      // backward that asks create_graph() records, and it does so through ordinary ops.
-      Install<&Session::create_graph> first_order(false);
-      fn_(ctx);
-    } else if (graph) {
-      // What a replay's forward left that no backward reads goes before the walk reaches it.
-      if (DualLevelState* level = session().dual_level) level->drop_unread(false);
-      // Carrying tangents: the formulas' ops record nothing (a replay records its own run). Once
-      // the node has run, no backward reads its outputs' tangents again (their consumers ran
-      // before it): they go now, not when the dual level ends.
-      Install<&Session::grad_enabled> unrecorded(false);
-      fn_(ctx);
-      if (!retain_graph)
-        for (const auto& w : outputs_)
-          if (auto m = w.lock()) m->tangent = BasicTensor<Out>();
-    } else {
-      fn_(ctx);
-    }
-    REMAT_CHECK(!graph || ctx.asked_create_graph(),
-                "backward: op '{}' cannot compute its backward in ops (create_graph, or a backward carrying "
-                "tangents: hvp): its gradient would have no graph and no tangent, so a second differentiation "
-                "through it would be wrong. Every op of remat can", name());
-    if (!retain_graph) release();
+    run_node_backward(
+        *this, graph, retain_graph,
+        [&] {
+          fn_(ctx);
+          return ctx.asked_create_graph();
+        },
+        [&] { outputs_.drop_tangents(); });
   }
 
  protected:
   void drop_edges() override {
-    // Outputs still alive learn that their history is gone, so a later backward into them throws
-    // instead of silently stopping there. The input edges stay until the node leaves the tape:
-    // during a backward walk they keep alive the gradients just handed to producer nodes below.
-    for (const auto& w : outputs_)
-      if (auto m = w.lock()) m->history_freed = true;
+    // The input edges stay until the node leaves the tape: during a backward walk they keep alive
+    // the gradients just handed to producer nodes below.
+    outputs_.mark_history_freed();
     fn_ = nullptr;
   }
 
@@ -337,40 +462,28 @@ class TypedNode final : public Node {
   /// read them, among their readers when it saves anything (its backward's formulas read inputs'
   /// tangents through saved tensors only; which saved tensor stands for which input is the op's
   /// business: cross_entropy's probabilities stand for its logits), and among the readers of each
-  /// output it saves itself (softmax's y: outputs_read_). `sign` -1 undoes it when the node goes.
+  /// output it saves itself (softmax's y). `sign` -1 undoes it when the node goes.
   void count_tangent_holds(int sign) {
     if (sign > 0) {
       counts_tangents_ = true;
       reads_inputs_ = !saved().empty();
     }
-    for (const auto* held : {&inputs_, &tangent_inputs_})
-      for (const auto& m : *held) {
-        if (!m) continue;
-        m->tangent_holders += sign;
-        if (reads_inputs_) m->tangent_readers += sign;
-      }
-    for (std::size_t i = 0; i < outputs_.size(); ++i)
-      if (i >= 64 || ((outputs_read_ >> i) & 1u))  // past 64 outputs, read (the safe side)
-        if (auto m = outputs_[i].lock()) m->tangent_readers += sign;
+    inputs_.count_tangent_holds(sign, reads_inputs_);
+    outputs_.count_tangent_readers(sign);
   }
 
-  std::vector<std::shared_ptr<AutogradMeta<In>>> inputs_;  // null where no gradient is needed
-  // Inside a dual level, of inputs that need no gradient, those with a tangent (else empty).
-  std::vector<std::shared_ptr<AutogradMeta<In>>> tangent_inputs_;
-  std::vector<Shape> input_shapes_;
-  std::vector<std::weak_ptr<AutogradMeta<Out>>> outputs_;
-  std::vector<Shape> output_shapes_;
+  InputEdges<In> inputs_;
+  OutputEdges<Out> outputs_;
   BackwardFn<In, Out> fn_;
   bool counts_tangents_ = false;   // counted in its inputs' and outputs' tangent books
   bool reads_inputs_ = false;      // counted among its inputs' tangent readers
-  std::uint64_t outputs_read_ = 0;  // bit i: counted among output i's tangent readers
 };
 
 template <class In, class Out>
 const BasicTensor<Out>& BackwardContext<In, Out>::grad_output(std::size_t i) {
   REMAT_ASSERT(i < grad_outputs_.size());
   if (!grad_outputs_[i].defined()) {
-    BasicTensor<Out> zeros(node_.output_shapes_[i]);
+    BasicTensor<Out> zeros(node_.outputs_.shape(i));
     flat(zeros).setZero();
     grad_outputs_[i] = zeros;
   }
@@ -392,40 +505,29 @@ void BackwardContext<In, Out>::release_saved(std::size_t i) {
 
 template <class In, class Out>
 BasicTensor<In> BackwardContext<In, Out>::as_input(std::size_t i, const BasicTensor<In>& data) const {
-  BasicTensor<In> t(data.storage(), data.shape());
-  if (needs_grad(i)) t.set_meta(node_.inputs_[i]);
-  else if (i < node_.tangent_inputs_.size() && node_.tangent_inputs_[i]) t.set_meta(node_.tangent_inputs_[i]);
-  return t;
+  return node_.inputs_.as_input(i, data);
 }
 
 template <class In, class Out>
 BasicTensor<Out> BackwardContext<In, Out>::as_output(std::size_t i, const BasicTensor<Out>& data) const {
-  BasicTensor<Out> t(data.storage(), data.shape());
-  REMAT_ASSERT(i < node_.outputs_.size());
-  if (auto m = node_.outputs_[i].lock()) t.set_meta(std::move(m));
-  return t;
+  return node_.outputs_.as_output(i, data);
 }
 
 template <class In, class Out>
 bool BackwardContext<In, Out>::needs_grad(std::size_t i) const {
-  return i < node_.inputs_.size() && node_.inputs_[i] != nullptr;
+  return node_.inputs_.needs_grad(i);
 }
 
 template <class In, class Out>
 void BackwardContext<In, Out>::accumulate(std::size_t i, BasicTensor<In> g) {
   if (!needs_grad(i)) return;
-  REMAT_ASSERT(g.shape() == node_.input_shapes_[i]);
+  REMAT_ASSERT(g.shape() == node_.inputs_.shape(i));
   accumulate_grad(gradient_of(i), std::move(g), create_graph_);
 }
 
 template <class In, class Out>
 AutogradMeta<In>& BackwardContext<In, Out>::gradient_of(std::size_t i) {
-  AutogradMeta<In>& input = *node_.inputs_[i];
-  REMAT_CHECK(!input.history_freed,
-              "backward: op '{}' passes a gradient to an input of shape {} whose own graph was "
-              "already freed by an earlier backward; pass retain_graph=true to that backward",
-              node_.name(), node_.input_shapes_[i]);
-  return input;
+  return node_.inputs_.gradient_of(i, node_.name());
 }
 
 }  // namespace remat::detail

@@ -62,21 +62,29 @@ class RunRecord {
   /// One thing a run left.
   struct Entry {
     std::string name;   ///< what the messages call it
-    Tensor tensor;      ///< a tensor entry's values (undefined: the run had none)
+    /// A tensor entry's values, copied, of any element type (undefined: the run had none).
+    detail::TensorRef tensor;
     std::string count;  ///< a count entry's value, as text
     bool is_tensor = true;   ///< a tensor entry (else a count)
     bool required = false;   ///< a gradient both runs must give (grad())
   };
 
-  /// `t`'s values as they are now (an undefined `t` is allowed, e.g. a gradient that may not arrive:
-  /// then the other run's must be undefined too).
-  RunRecord& tensor(std::string name, const Tensor& t) {
-    entries_.push_back({std::move(name), t.defined() ? detail::copy_of(t.detach()) : Tensor(), {}, true, false});
+  /// `t`'s values as they are now, of any element type (an undefined `t` is allowed, e.g. a
+  /// gradient that may not arrive: then the other run's must be undefined too).
+  template <class T>
+  RunRecord& tensor(std::string name, const BasicTensor<T>& t) {
+    detail::TensorRef copy;
+    if (t.defined()) {
+      const BasicTensor<T> c = detail::copy_of(t.detach());
+      copy = {c.storage(), c.shape(), c.dtype()};
+    }
+    entries_.push_back({std::move(name), std::move(copy), {}, true, false});
     return *this;
   }
   /// `t`'s gradient, named "gradient of <name>"; a run that gave `t` none differs, even from a run
   /// that gave none either.
-  RunRecord& grad(const std::string& name, const Tensor& t) {
+  template <class T>
+  RunRecord& grad(const std::string& name, const BasicTensor<T>& t) {
     tensor("gradient of " + name, t.grad());
     entries_.back().required = true;
     return *this;
@@ -89,12 +97,12 @@ class RunRecord {
   }
   /// A count the run leaves (calls, recomputations, replays).
   RunRecord& count(std::string name, long long value) {
-    entries_.push_back({std::move(name), Tensor(), std::to_string(value), false, false});
+    entries_.push_back({std::move(name), detail::TensorRef(), std::to_string(value), false, false});
     return *this;
   }
   /// Where a generator stands after the run (Generator::state()).
   RunRecord& state(std::string name, const Generator::State& s) {
-    entries_.push_back({std::move(name), Tensor(), fmt::format("seed {}, offset {}", s.seed, s.offset), false, false});
+    entries_.push_back({std::move(name), detail::TensorRef(), fmt::format("seed {}, offset {}", s.seed, s.offset), false, false});
     return *this;
   }
   /// The entries, in the order added.
@@ -119,27 +127,43 @@ inline testing::RunRecord recorded_run(const std::function<testing::RunRecord()>
   return run();
 }
 
-/// The first difference between two tensors of the same role, or an empty string.
-inline std::string first_difference(const std::string& what, const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined())
-    return fmt::format("{}: {} has a gradient and {} has none", what, a.defined() ? "reference" : "checkpointed",
-                       a.defined() ? "checkpointed" : "reference");
-  if (!a.defined()) return {};
-  if (a.shape() != b.shape()) return fmt::format("{}: shape {} vs {}", what, a.shape(), b.shape());
-  const float* pa = a.data();
-  const float* pb = b.data();
+/// The first difference between two tensors of element type T and the same shape, or an empty string.
+template <class T>
+std::string first_difference_of(const std::string& what, const TensorRef& a, const TensorRef& b) {
+  const auto* pa = static_cast<const T*>(a.storage->data());
+  const auto* pb = static_cast<const T*>(b.storage->data());
+  const std::int64_t n = a.shape.numel();
   std::int64_t first = -1, count = 0;
   double worst = 0;
-  for (std::int64_t i = 0; i < a.numel(); ++i) {
-    if (std::memcmp(pa + i, pb + i, sizeof(float)) == 0) continue;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(pa + i, pb + i, sizeof(T)) == 0) continue;
     if (first < 0) first = i;
     ++count;
     worst = std::max(worst, std::abs(static_cast<double>(pa[i]) - static_cast<double>(pb[i])));
   }
   if (first < 0) return {};
-  return fmt::format("{} (shape {}): {} of {} elements differ; first at flat index {}: {:.9g} (reference) vs {:.9g} "
-                     "(checkpointed); largest difference {:.3g}", what, a.shape(), count, a.numel(), first, pa[first],
-                     pb[first], worst);
+  // float32 unnamed (what models train in); every digit that tells two values of the type apart.
+  const std::string type = std::is_same_v<T, float> ? std::string() : fmt::format(", {}", a.dtype);
+  const int digits = std::is_same_v<T, double> ? 17 : 9;
+  return fmt::format("{} (shape {}{}): {} of {} elements differ; first at flat index {}: {:.{}g} (reference) vs "
+                     "{:.{}g} (checkpointed); largest difference {:.3g}", what, a.shape, type, count, n, first,
+                     static_cast<double>(pa[first]), digits, static_cast<double>(pb[first]), digits, worst);
+}
+
+/// The first difference between two tensors of the same role, or an empty string.
+inline std::string first_difference(const std::string& what, const TensorRef& a, const TensorRef& b) {
+  if (a.defined() != b.defined())
+    return fmt::format("{}: {} has a gradient and {} has none", what, a.defined() ? "reference" : "checkpointed",
+                       a.defined() ? "checkpointed" : "reference");
+  if (!a.defined()) return {};
+  if (a.shape != b.shape) return fmt::format("{}: shape {} vs {}", what, a.shape, b.shape);
+  if (std::strcmp(a.dtype, b.dtype) != 0) return fmt::format("{}: {} vs {}", what, a.dtype, b.dtype);
+  const std::string type = a.dtype;
+  if (type == dtype_name<float>()) return first_difference_of<float>(what, a, b);
+  if (type == dtype_name<double>()) return first_difference_of<double>(what, a, b);
+  if (type == dtype_name<bfloat16>()) return first_difference_of<bfloat16>(what, a, b);
+  if (type == dtype_name<std::int64_t>()) return first_difference_of<std::int64_t>(what, a, b);
+  return first_difference_of<bool>(what, a, b);
 }
 
 /// The first difference between two entries of the same name, or an empty string.
