@@ -341,3 +341,48 @@ TEST_CASE("two tiers: a snapshot file that cannot be read is an error with the O
   }
   CHECK(dir.files().empty());  // the directories in the files' places went with the snapshots
 }
+
+TEST_CASE("two tiers: snapshot files go the moment nothing can send the chain's output a gradient, and jvp's "
+          "tangent files when its dual level ends",
+          "[chain][two_tier][forward_ad]") {
+  TempDir dir;
+  Generator init(14);
+  nn::Linear lin(5, 5, true, init);
+  const auto steps = mlp_steps(lin, 12);
+  const Tensor data = randn({2, 5}, init), direction = randn({2, 5}, init);
+  const Policy on_disk = policy::two_tier(0, 3, dir.path, {0, 0});
+  SECTION("the output dropped without a backward") {
+    {
+      const Tensor y = checkpoint_sequential(steps, data.detach().requires_grad_(), on_disk);
+      REQUIRE(!dir.files().empty());
+    }
+    CHECK(dir.files().empty());  // before the next recorded op, which prunes the tape
+  }
+  SECTION("jvp through the chain, its primal needing no gradient") {
+    std::size_t inside = 0;
+    {
+      const auto [y, t] = jvp(
+          [&](const Tensor& h) {
+            Tensor out = checkpoint_sequential(steps, h, on_disk);
+            inside = dir.files().size();
+            return out;
+          },
+          data, direction);
+      REQUIRE(inside > 0);
+      // Each state on disk kept its tangent beside it while the level was open; the level ended.
+      CHECK(dir.files().size() == inside / 2);
+      CHECK(t.defined());
+    }
+    CHECK(dir.files().empty());
+  }
+  SECTION("backward after jvp: the states' files serve it, then go") {
+    Tensor x = data.detach().requires_grad_();
+    {
+      const auto [y, t] = jvp([&](const Tensor& h) { return checkpoint_sequential(steps, h, on_disk); }, x, direction);
+      REQUIRE(!dir.files().empty());
+      sum(y * y).backward();
+    }
+    CHECK(x.grad().defined());
+    CHECK(dir.files().empty());
+  }
+}

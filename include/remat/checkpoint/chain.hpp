@@ -324,8 +324,14 @@ struct ChainRun {
     for (auto& [i, r] : run->held.recorded) any_grad = any_grad || r.output.requires_grad();
     any_grad = any_grad || run->held.compact_records.any_requires_grad();
     if (!any_grad || !is_grad_enabled()) return out;
-    // The snapshots kept in forward are held by the run; the node saves nothing of its own.
-    record<float>(std::move(node_name), {x}, {&out}, {}, [run](BackwardContext<float>& ctx) {
+    // The snapshots kept in forward are held by the run, and the run by the output's autograd
+    // identity: they go (files on disk too) the moment nothing can send the output a gradient —
+    // the output dropped and no node holding it — not when the tape next prunes the node. The
+    // node saves nothing of its own and sees the run while the output lives, which it does
+    // whenever the node runs (its gradient waits there).
+    record<float>(std::move(node_name), {x}, {&out}, {}, [weak = std::weak_ptr<ChainRun>(run)](BackwardContext<float>& ctx) {
+      const std::shared_ptr<ChainRun> run = weak.lock();
+      REMAT_ASSERT(run != nullptr);
       // A backward carrying tangents (hvp) runs the plan as any other, its replays carrying the
       // snapshots' tangents. One recording its ops (create_graph) could not reach the chain's
       // input through the snapshots, which are cut from the graph: it replays the steps connected.
@@ -357,6 +363,14 @@ struct ChainRun {
         session().walk_keepalive.push_back(run);
       }
     });
+    out.meta()->keeps = run;
+    // The snapshots of the states' tangents (jvp through the chain) go when the dual level ends:
+    // a backward after it carries no tangents (a backward carrying them, hvp, runs inside it).
+    if (DualLevelState* level = session().dual_level)
+      level->at_end([weak = std::weak_ptr<ChainRun>(run)] {
+        if (const std::shared_ptr<ChainRun> r = weak.lock())
+          for (auto& [i, k] : r->held.kept) k.tangent.reset();
+      });
     return out;
   }
 

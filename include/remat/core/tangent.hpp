@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -79,8 +80,14 @@ class DualLevelState {
       if (const std::shared_ptr<void> m = set_[i].meta.lock()) set_[i].drop_unread(m.get(), m.use_count() - 1);
     swept_ = set_.size();
   }
+  /// Runs f when the level ends, before its tangents are cleared: what keeps tangents outside any
+  /// tensor's metadata (a chain's snapshots of its states' tangents, which may be files) lets
+  /// them go then, since no backward after the level reads a tangent.
+  void at_end(std::function<void()> f) { at_end_.push_back(std::move(f)); }
   /// Clears every tangent noted (the level ends).
   void clear_all() {
+    for (const std::function<void()>& f : at_end_) f();
+    at_end_.clear();
     for (const Entry& e : set_)
       if (const std::shared_ptr<void> m = e.meta.lock()) e.clear(m.get());
     set_.clear();
@@ -96,6 +103,7 @@ class DualLevelState {
     void (*drop_unread)(void*, long strong_references);
   };
   std::vector<Entry> set_;
+  std::vector<std::function<void()>> at_end_;
   std::size_t swept_ = 0;  // entries before it were looked at by drop_unread
   std::size_t prune_at_ = kFirstPrune;
 };

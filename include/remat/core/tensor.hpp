@@ -66,6 +66,10 @@ struct AutogradMeta : std::enable_shared_from_this<AutogradMeta<T>> {
   /// from `grad`, so that a second backward does not send the first one's gradient on again.
   BasicTensor<T> retained;
   BasicTensor<T> tangent;  ///< forward mode: the direction it moves in, inside a dual level
+  /// What lives exactly as long as the tensor can still receive a gradient (a user handle or a
+  /// node's input edge holds this metadata): its node's state beyond what it saved, such as a
+  /// chain's snapshots, which may be files on disk.
+  std::shared_ptr<const void> keeps;
   /// Forward mode's books, kept by nodes recorded inside a dual level (core/tangent.hpp): the nodes
   /// holding it as an input, and those (holders, or its producer) whose backward may read its
   /// tangent. A tangent with holders only and no reader is dropped (marked here) before backward.
