@@ -301,7 +301,7 @@ namespace {
 struct RemovalBlocker {
   void block(const std::string& dir) {
     if (::geteuid() == 0)
-      detail::OffloadRemovals::process().fail_for_test(
+      detail::FileRemovals::process().fail_for_test(
           [dir](const std::string& path) { return path.compare(0, dir.size(), dir) == 0 ? EACCES : 0; });
     else
       fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);  // r-x: files read, none removed
@@ -309,7 +309,7 @@ struct RemovalBlocker {
   }
   void unblock() {
     if (blocked.empty()) return;
-    if (::geteuid() == 0) detail::OffloadRemovals::process().fail_for_test(nullptr);
+    if (::geteuid() == 0) detail::FileRemovals::process().fail_for_test(nullptr);
     else fs::permissions(blocked, fs::perms::owner_all);
     blocked.clear();
   }
@@ -370,7 +370,7 @@ TEST_CASE("Offload: files a scope could not remove are counted, and removed once
   const std::string file = dir.path + "/left.bin";
   std::ofstream(file) << "x";
   {
-    detail::OffloadRemovals removals;
+    detail::FileRemovals removals;
     removals.fail_for_test([](const std::string&) { return EACCES; });
     CHECK(removals.remove(file, false).find("cannot remove '" + file + "'") != std::string::npos);
     CHECK(removals.retry() == std::vector<std::string>{file});

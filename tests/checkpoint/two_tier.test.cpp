@@ -386,3 +386,34 @@ TEST_CASE("two tiers: snapshot files go the moment nothing can send the chain's 
     CHECK(dir.files().empty());
   }
 }
+
+TEST_CASE("two tiers: a snapshot file whose removal fails is named and removed once it can be, not left silently",
+          "[chain][two_tier][misuse]") {
+  TempDir dir;
+  Generator init(15);
+  nn::Linear lin(5, 5, true, init);
+  const auto steps = mlp_steps(lin, 12);
+  const Tensor data = randn({2, 5}, init);
+  const Policy on_disk = policy::two_tier(0, 3, dir.path, {0, 0});
+  auto step = [&] {
+    Tensor x = data.detach().requires_grad_();
+    sum(checkpoint_sequential(steps, x, on_disk)).backward();
+    REQUIRE(x.grad().defined());
+  };
+  // Removals under the directory fail as they do when it is made unwritable under the chain (the
+  // seam, since root ignores a directory's permissions).
+  detail::FileRemovals& removals = detail::FileRemovals::process();
+  const std::string prefix = dir.path + "/";
+  removals.fail_for_test([prefix](const std::string& path) { return path.compare(0, prefix.size(), prefix) == 0 ? EACCES : 0; });
+  step();
+  std::vector<std::string> files = dir.files();
+  REQUIRE(!files.empty());
+  std::vector<std::string> left = remove_left_files();
+  std::sort(files.begin(), files.end());
+  std::sort(left.begin(), left.end());
+  CHECK(left == files);  // every file the chain could not remove, named
+  removals.fail_for_test(nullptr);
+  step();  // a later removal tries them again
+  CHECK(dir.files().empty());
+  CHECK(remove_left_files().empty());
+}

@@ -55,8 +55,8 @@ class BudgetDisk {
                 "MemoryBudget: cannot make the directory '{}' for its files: {}", directory_, std::strerror(errno));
   }
   ~BudgetDisk() {
-    for (const auto& [serial, f] : files_) std::remove(f.path.c_str());
-    ::rmdir(directory_.c_str());
+    // The directory with whatever is left in it; a removal that fails is tried again later.
+    FileRemovals::process().remove(directory_, true);
   }
   BudgetDisk(const BudgetDisk&) = delete;
   BudgetDisk& operator=(const BudgetDisk&) = delete;
@@ -88,7 +88,7 @@ class BudgetDisk {
       if (ok) ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
     }
     if (!ok) {
-      std::remove(path.c_str());
+      FileRemovals::process().remove(path, false);
       return std::nullopt;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -108,7 +108,7 @@ class BudgetDisk {
     files_.erase(serial);
     struct Unlink {
       const std::string& path;
-      ~Unlink() { std::remove(path.c_str()); }  // read or refused, the file has served
+      ~Unlink() { FileRemovals::process().remove(path, false); }  // read or refused, the file has served
     } unlink{file.path};
     REMAT_ASSERT(fresh.bytes() == file.bytes);
     const auto start = std::chrono::steady_clock::now();
@@ -133,7 +133,7 @@ class BudgetDisk {
   /// The file of `serial`, if any, removed: its output is back another way, or gone for good.
   void drop(std::uint64_t serial) {
     if (auto f = files_.find(serial); f != files_.end()) {
-      std::remove(f->second.path.c_str());
+      FileRemovals::process().remove(f->second.path, false);
       files_.erase(f);
     }
   }

@@ -156,7 +156,7 @@ struct Segment {
     return out;
   }
 
-  /// The arguments for a replay: stored values, tensors refilled from the node (a float tensor
+  /// The arguments for a replay: stored values, tensors refilled from the node (a floating tensor
   /// that needs a gradient under its input's autograd identity, so its gradient arrives there).
   std::tuple<std::decay_t<Args>...> replay_args(const MixedBackwardContext& ctx) const {
     auto out = args;

@@ -78,7 +78,7 @@ class DiskSnapshot final : public Snapshot {
     }
   }
   ~DiskSnapshot() override {
-    if (::getpid() == owner_) std::remove(path_.c_str());
+    if (::getpid() == owner_) FileRemovals::process().remove(path_, false);  // a failure is tried again later
   }
   DiskSnapshot(const DiskSnapshot&) = delete;
   DiskSnapshot& operator=(const DiskSnapshot&) = delete;

@@ -161,93 +161,6 @@ struct OffloadStats {
 
 namespace detail {
 
-/// Every removal of an Offload file or directory goes through here, and the ones that fail are
-/// remembered and tried again: when a scope starts or ends, at Offload::remove_left_files() and at
-/// exit (this object's destructor), whatever made them fail (a directory made unwritable or
-/// unreadable) may have passed by then. What is still there at exit is named on stderr: the process
-/// cannot say it later. Process-wide (scopes on every thread and directory), and anew in a forked
-/// child, whose copy names its parent's files.
-class OffloadRemovals {
- public:
-  static OffloadRemovals& process() {
-    static OffloadRemovals removals;
-    return removals;
-  }
-  OffloadRemovals() = default;
-  ~OffloadRemovals() {
-    const std::vector<std::string> still = retry();
-    if (still.empty()) return;
-    std::string names;
-    for (const std::string& path : still) names += "\n  " + path;
-    std::fprintf(stderr, "remat::Offload: %zu file(s) or directories could not be removed at exit:%s\n", still.size(),
-                 names.c_str());
-  }
-  OffloadRemovals(const OffloadRemovals&) = delete;
-  OffloadRemovals& operator=(const OffloadRemovals&) = delete;
-
-  /// Removes the file at `path` (a directory, with what it holds, when `directory`); empty when it
-  /// is gone, else why not: it is then remembered and tried again later.
-  std::string remove(const std::string& path, bool directory) {
-    const int error = remove_now(path, directory);
-    if (error == 0) return {};
-    std::lock_guard<std::mutex> lock(mutex_);
-    mine();
-    left_.emplace(path, directory);
-    return fmt::format("cannot remove '{}': {}; tried again when a scope starts or ends, and at exit", path,
-                       std::strerror(error));
-  }
-  /// Tries every path remembered again; those still there (a directory's before what it holds).
-  std::vector<std::string> retry() {
-    std::map<std::string, bool> paths;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      mine();
-      paths = left_;
-    }
-    std::vector<std::string> still;
-    for (const auto& [path, directory] : paths) {
-      if (remove_now(path, directory) != 0) still.push_back(path);
-      else forget(path);
-    }
-    return still;
-  }
-  /// Tests: a removal of a path for which `fail` returns an errno value fails with it, as a
-  /// directory made unwritable makes it fail (which tests running as root cannot: root ignores a
-  /// directory's permissions). Empty: every removal is tried for real.
-  void fail_for_test(std::function<int(const std::string&)> fail) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    fail_ = std::move(fail);
-  }
-
- private:
-  /// 0 when `path` is gone, else the errno of the removal that failed.
-  int remove_now(const std::string& path, bool directory) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (const int injected = fail_ ? fail_(path) : 0) return injected;
-    }
-    if (!directory) return ::unlink(path.c_str()) == 0 || errno == ENOENT ? 0 : errno;
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-    return ec.value();
-  }
-  void forget(const std::string& path) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    left_.erase(path);
-  }
-  /// Under mutex_: a forked child starts with nothing to retry (the paths are its parent's).
-  void mine() {
-    if (owner_ == ::getpid()) return;
-    owner_ = ::getpid();
-    left_.clear();
-  }
-
-  std::mutex mutex_;
-  ::pid_t owner_ = ::getpid();
-  std::map<std::string, bool> left_;  // path -> whether a directory; sorted, so a directory comes before its files
-  std::function<int(const std::string&)> fail_;
-};
-
 /// The files Offload scopes let go under one directory, kept for later writes (reuse_files): one
 /// pool per directory for the process, so a scope made for each step finds the files of the last.
 class OffloadKeptFiles {
@@ -311,7 +224,7 @@ class OffloadKeptFiles {
     return m;
   }
   static std::map<std::string, std::shared_ptr<OffloadKeptFiles>>& registry() {
-    static OffloadRemovals& removals = OffloadRemovals::process();  // made first, so destroyed after the pools
+    static FileRemovals& removals = FileRemovals::process();  // made first: its exit report comes after the pools go
     static std::map<std::string, std::shared_ptr<OffloadKeptFiles>> pools;  // removed at exit
     (void)removals;
     return pools;
@@ -324,7 +237,7 @@ class OffloadKeptFiles {
     const std::size_t n = files_.size();
     files_.clear();
     kept_bytes_ = 0;
-    OffloadRemovals::process().remove(dir_, true);
+    FileRemovals::process().remove(dir_, true);
     return n;
   }
 
@@ -353,7 +266,7 @@ class OffloadCore {
     REMAT_CHECK(!ec && fs::is_directory(options_.directory), "Offload: cannot make the directory '{}': {}",
                 options_.directory, ec ? ec.message() : std::string("not a directory"));
     stats_.stale_removed = remove_dead_process_directories(options_.directory, "remat-offload-");
-    OffloadRemovals::process().retry();  // what earlier scopes could not remove
+    FileRemovals::process().retry();  // what earlier scopes could not remove
     static std::atomic<std::uint64_t> scopes{0};
     dir_ = (fs::absolute(options_.directory) /
             fmt::format("remat-offload-{}-{}", ::getpid(), scopes.fetch_add(1, std::memory_order_relaxed)))
@@ -379,7 +292,7 @@ class OffloadCore {
     wake_.notify_all();
     worker_.join();
     std::free(staging_);
-    OffloadRemovals& removals = OffloadRemovals::process();
+    FileRemovals& removals = FileRemovals::process();
     removals.remove(dir_, true);  // with the files of records dropped mid-write, if any
     removals.retry();             // and what earlier scopes could not remove
   }
@@ -590,7 +503,7 @@ class OffloadCore {
   /// empty. Without the lock.
   std::string remove_file(const std::string& path, std::size_t bytes, std::size_t peak) {
     if (kept_ && kept_->keep(path, bytes, peak)) return {};
-    return OffloadRemovals::process().remove(path, false);
+    return FileRemovals::process().remove(path, false);
   }
   /// Counts a removal that failed (`error` empty: none did). Under mutex_.
   void removal_failed(const std::string& error) {
@@ -943,8 +856,9 @@ class Offload {
   static std::size_t remove_kept_files() { return detail::OffloadKeptFiles::remove_all(); }
   /// Tries again to remove the files and directories Offload scopes could not (a directory made
   /// unwritable or unreadable under them; stats().removal_failures counts them); those still there.
-  /// Scopes also try whenever one starts or ends, and the process at exit.
-  static std::vector<std::string> remove_left_files() { return detail::OffloadRemovals::process().retry(); }
+  /// Scopes also try whenever one starts or ends, and the process at exit (remat::remove_left_files()
+  /// is the same for every store's files).
+  static std::vector<std::string> remove_left_files() { return remat::remove_left_files(); }
 
  private:
   using Handle = detail::OffloadHandle;
