@@ -64,10 +64,11 @@ int main(int argc, char** argv) try {
   const auto skipped = early_stop_stats();
   const double per_step = 1.0 / (warmup + steps);
   fmt::print("{{\"impl\": \"remat\", \"attention\": \"{}\", \"precision\": \"{}\", \"mode\": \"{}\", \"ms\": [{:.3f}], "
-             "\"saved_peak\": {}, \"threads\": {}, \"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}}}\n", a["attention"],
-             a["precision"], mode, fmt::join(ms, ", "), peak_saved,
+             "\"saved_peak\": {}, \"threads\": {}, \"early_stop_ops\": {}, \"early_stop_gflop\": {:.4f}, "
+             "\"products\": \"{}\"}}\n", a["attention"], a["precision"], mode, fmt::join(ms, ", "), peak_saved,
              get_num_threads(), static_cast<double>(skipped.ops - skipped_before.ops) * per_step,
-             (skipped.flops - skipped_before.flops) * per_step / 1e9);
+             (skipped.flops - skipped_before.flops) * per_step / 1e9,
+             a["precision"] == "bf16" ? remat::gemm_bf16_backend() : remat::gemm_backend());
   return 0;
 } catch (const remat::Error& e) {
   fmt::print(stderr, "{}\n", e.what());

@@ -160,6 +160,63 @@ TEST_CASE("autocast: batched and broadcast matmul, and linear with its bias in f
   CHECK(worst < 0.1);    // to bfloat16's precision, not worse
 }
 
+TEST_CASE("autocast: batched matmul of equal batch dims, every transpose, forward and backward per batch",
+          "[ops][autocast]") {
+  // Small products of equal batch dims (attention heads): one batched product on the matmul
+  // primitive's engine, one product per batch on the others; each batch is checked on its own.
+  INFO("bfloat16 GEMM backend: " << detail::gemm_bf16_backend());
+  Generator g(33);
+  const std::int64_t B = 2, H = 3, M = 8, N = 6, K = 16;
+  for (auto [ta, tb] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    CAPTURE(ta, tb);
+    Tensor a = randn(ta ? Shape{B, H, K, M} : Shape{B, H, M, K}, g).requires_grad_();
+    Tensor b = randn(tb ? Shape{B, H, N, K} : Shape{B, H, K, N}, g).requires_grad_();
+    const Tensor dc = randn({B, H, M, N}, g);
+    Tensor c;
+    {
+      autocast on;
+      c = matmul(a, b, ta, tb);
+    }
+    c.backward(dc);
+    REQUIRE(c.storage()->bfloat16_exact());
+    const std::vector<double> ra = rounded(a), rb = rounded(b), rdc = rounded(dc);
+    const std::vector<float> cv = c.to_vector(), gav = a.grad().to_vector(), gbv = b.grad().to_vector();
+    // got[offset + j] within float32 summation error of want[j] (and, for the output, its rounding).
+    auto require_batch_close = [](const std::vector<float>& got, std::int64_t offset, const std::vector<double>& want,
+                                  const std::vector<double>& mag, std::int64_t k, bool output) {
+      for (std::size_t j = 0; j < want.size(); ++j) {
+        const double x = got[static_cast<std::size_t>(offset) + j];
+        INFO("element " << j << ": " << x << " vs " << want[j]);
+        REQUIRE(std::abs(x - want[j]) <= 1e-7 * static_cast<double>(k + 2) * mag[j] +
+                                             (output ? std::ldexp(std::abs(want[j]), -8) : 0.0) + 1e-30);
+      }
+    };
+    for (std::int64_t i = 0; i < B * H; ++i) {
+      CAPTURE(i);
+      auto slice = [&](const auto& v, std::int64_t size) {
+        return std::vector<double>(v.begin() + i * size, v.begin() + (i + 1) * size);
+      };
+      const std::vector<double> ai = slice(ra, M * K), bi = slice(rb, K * N), dci = slice(rdc, M * N);
+      const auto [want, mag] = reference(ai, bi, M, N, K, ta, tb);
+      require_batch_close(cv, i * M * N, want, mag, K, true);
+      std::vector<double> da(ai.size()), da_mag(ai.size()), db(bi.size()), db_mag(bi.size());
+      for (std::int64_t r = 0; r < M; ++r)
+        for (std::int64_t j = 0; j < N; ++j)
+          for (std::int64_t p = 0; p < K; ++p) {
+            const double d = dci[static_cast<std::size_t>(r * N + j)];
+            const std::size_t x = static_cast<std::size_t>(ta ? p * M + r : r * K + p);
+            const std::size_t y = static_cast<std::size_t>(tb ? j * K + p : p * N + j);
+            da[x] += d * bi[y];
+            da_mag[x] += std::abs(d * bi[y]);
+            db[y] += ai[x] * d;
+            db_mag[y] += std::abs(ai[x] * d);
+          }
+      require_batch_close(gav, i * M * K, da, da_mag, N, false);
+      require_batch_close(gbv, i * K * N, db, db_mag, M, false);
+    }
+  }
+}
+
 TEST_CASE("autocast: what products save for backward is the bfloat16 copies, half the bytes", "[ops][autocast]") {
   Generator g(33);
   Tensor x = randn({64, 32}, g).requires_grad_(), w = randn({16, 32}, g).requires_grad_();

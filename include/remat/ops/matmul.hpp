@@ -92,6 +92,13 @@ void matmul_into(const BasicTensor<E>& a, const BasicTensor<E>& b, bool ta, bool
   const MatmulBatches& batches = known ? *known : (computed = matmul_batches(a.shape(), b.shape()));
   const E* pa = a.cdata();
   const E* pb = b.cdata();
+  if constexpr (std::is_same_v<E, bfloat16>) {
+    if (!batches.broadcast && bf16_batches_at_once(M, N, K)) {  // one batched primitive
+      const auto n = static_cast<std::int64_t>(batches.a_offset.size());
+      gemm_bf16_batched(ta, tb, n, M, N, K, pa, lda, M * K, pb, ldb, K * N, out, N, M * N, accumulate);
+      return;
+    }
+  }
   for_each_batch(batches, M * N * K, [&](std::int64_t i) {
     const auto u = static_cast<std::size_t>(i);
     gemm(ta, tb, M, N, K, pa + batches.a_offset[u], lda, pb + batches.b_offset[u], ldb, out + i * M * N, N, accumulate);
@@ -204,6 +211,22 @@ BasicTensor<T> matmul_with(const BasicTensor<T>& a, const BasicTensor<T>& b, con
           const E* pav = db ? av.cdata() : nullptr;
           T* pga = da ? ga.data() : nullptr;
           T* pgb = db ? gb.data() : nullptr;
+          if constexpr (std::is_same_v<E, bfloat16>) {
+            if (!sums && detail::bf16_batches_at_once(M, N, K)) {  // each gradient one batched primitive
+              const auto n = static_cast<std::int64_t>(batches.a_offset.size());
+              if (da) {
+                if (ta) detail::gemm_bf16_batched(tb, true, n, K, M, N, pbv, ldb, K * N, pdc, N, M * N, pga, lda, M * K);
+                else detail::gemm_bf16_batched(false, !tb, n, M, K, N, pdc, N, M * N, pbv, ldb, K * N, pga, lda, M * K);
+              }
+              if (db) {
+                if (tb) detail::gemm_bf16_batched(true, ta, n, N, K, M, pdc, N, M * N, pav, lda, M * K, pgb, ldb, K * N);
+                else detail::gemm_bf16_batched(!ta, false, n, K, N, M, pav, lda, M * K, pdc, N, M * N, pgb, ldb, K * N);
+              }
+              if (da) ctx.accumulate(0, std::move(ga));
+              if (db) ctx.accumulate(1, std::move(gb));
+              return;
+            }
+          }
           detail::for_each_batch(batches, M * N * K, [&](std::int64_t i) {
             const auto u = static_cast<std::size_t>(i);
             const E* dci = pdc + i * M * N;
