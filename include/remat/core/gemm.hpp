@@ -81,9 +81,9 @@ void eigen_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
 
 #ifdef REMAT_WITH_ONEDNN
 /// Whether a float product of this shape runs on the matmul primitive rather than dnnl_sgemm: where
-/// the inner dimension is longer than the output's rows (k > n), measured faster on this project's
-/// machines (1024×256×1024 at 360-380 against 281-293 GFLOP/s on 2 threads, level elsewhere in that
-/// class), and no faster or slower for k <= n.
+/// the inner dimension is longer than the output's rows (k > n), measured faster there on this
+/// project's AVX512-BF16 machine (bench_gemm_bf16, 2 threads: 1024×256×1024 at 338 against 291
+/// GFLOP/s, 128×64×128 at 206 against 157; 1024×256×768 4% slower), and no faster for k <= n.
 inline bool float_uses_primitive(std::int64_t n, std::int64_t k) { return k > n; }
 
 /// Runs `key`'s product on the cached primitive and says so, or says it has none (then the caller
@@ -173,8 +173,8 @@ inline std::optional<Bf16Engine> bf16_engine_from_environment() {
 /// The engine of this process's bfloat16 products, decided once (a probe), so every product of a
 /// run takes the same path and its bits do not depend on which call came first: the matmul
 /// primitive where its kernel uses AMX; dnnl_gemm_bf16bf16f32 elsewhere on AVX-512 (on
-/// AVX512-BF16 without AMX it ran the GPT step's products as fast or faster than the primitive's
-/// brgemm, 615-751 against 570-730 GFLOP/s on 2 threads, bench_gemm_bf16); the widened operands
+/// AVX512-BF16 without AMX it ran the GPT's linear-layer products 1.00-1.19× the primitive's
+/// brgemm, 624-728 against 547-671 GFLOP/s on 2 threads, bench_gemm_bf16); the widened operands
 /// below AVX-512 or without oneDNN. REMAT_BF16_ENGINE forces one; an engine this CPU or build
 /// lacks is refused with an Error rather than taken silently.
 inline Bf16Engine bf16_engine() {
@@ -279,9 +279,9 @@ inline void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n
 }
 
 /// Products of at most this many multiply-adds (M·N·K) each run faster as one batched primitive
-/// than one per thread: 128 heads of 64×64×32 at 334 against 296 GFLOP/s on 2 threads (315 against
-/// 221 on one), while 32 of 128×128×64 ran slower batched (483 against 563) on this project's
-/// AVX512-BF16 machine.
+/// than one primitive per product spread over the threads: 128 heads of 64×64×32 at 334 against 296
+/// GFLOP/s on 2 threads (315 against 221 on one), while 32 of 128×128×64 ran slower batched (483
+/// against 563) on this project's AVX512-BF16 machine (operands reused, not rotated).
 inline constexpr std::int64_t kBatchedGemm = std::int64_t{1} << 18;
 
 /// Whether gemm_bf16_batched runs a batch of m·n·k products as one primitive (small products on
