@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -171,6 +172,8 @@ class OnednnContext {
 /// One product's primitive with its memory objects (their data pointers set at every call).
 class MatmulPrimitive {
  public:
+  static constexpr std::size_t kScratchAlignment = 4096;
+
   /// Makes the primitive for `key`; usable() is false where oneDNN has none or only a reference
   /// kernel (`reason` says which).
   explicit MatmulPrimitive(const MatmulKey& key) {
@@ -249,14 +252,25 @@ class MatmulPrimitive {
 
   /// Runs the product on these buffers (the shapes and strides are the key's).
   void run(const void* a, const void* b, float* c, const MatmulKey& key) const {
-    thread_local std::vector<unsigned char> scratch;
-    if (scratch.size() < scratch_bytes_) scratch.resize(scratch_bytes_);
+    // This thread's scratch space, page-aligned as oneDNN aligns the scratchpads it allocates
+    // itself (it carves aligned buffers out of one, counting from its start).
+    struct Scratch {
+      std::unique_ptr<unsigned char, void (*)(unsigned char*)> bytes{nullptr, [](unsigned char* p) {
+        ::operator delete(p, std::align_val_t{kScratchAlignment});
+      }};
+      std::size_t size = 0;
+    };
+    thread_local Scratch scratch;
+    if (scratch.size < scratch_bytes_) {
+      scratch.bytes.reset(static_cast<unsigned char*>(::operator new(scratch_bytes_, std::align_val_t{kScratchAlignment})));
+      scratch.size = scratch_bytes_;
+    }
     check(dnnl_memory_set_data_handle(a_.get(), const_cast<void*>(a)), key, "operand A");
     check(dnnl_memory_set_data_handle(b_.get(), const_cast<void*>(b)), key, "operand B");
     check(dnnl_memory_set_data_handle(c_.get(), c), key, "result C");
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, a_.get()}, {DNNL_ARG_WEIGHTS, b_.get()}, {DNNL_ARG_DST, c_.get()},
                                {DNNL_ARG_SCRATCHPAD, scratch_.get()}};
-    if (scratch_) check(dnnl_memory_set_data_handle(scratch_.get(), scratch.data()), key, "scratchpad");
+    if (scratch_) check(dnnl_memory_set_data_handle(scratch_.get(), scratch.bytes.get()), key, "scratchpad");
     dnnl_stream_t stream = OnednnContext::stream();
     const OnednnTeam team;
     check(dnnl_primitive_execute(primitive_.get(), stream, scratch_ ? 4 : 3, args), key, "execution");
