@@ -3,6 +3,7 @@
 // is checked is exactly the rule: operands (and, in backward, the output gradient) rounded to
 // bfloat16, everything else float32.
 
+#include <array>
 #include <cmath>
 #include <tuple>
 
@@ -33,6 +34,27 @@ std::pair<std::vector<double>, std::vector<double>> reference(const std::vector<
         mag[static_cast<std::size_t>(i * N + j)] += std::abs(x * y);
       }
   return {c, mag};
+}
+
+/// dA = dC op(B)ᵀ (stored transposed when A is) and dB = op(A)ᵀ dC for one matrix each, in double,
+/// over rounded operands, with |products| summed beside each: {dA, |dA|, dB, |dB|}.
+std::array<std::vector<double>, 4> reference_gradients(const std::vector<double>& a, const std::vector<double>& b,
+                                                       const std::vector<double>& dc, std::int64_t M, std::int64_t N,
+                                                       std::int64_t K, bool ta, bool tb) {
+  std::array<std::vector<double>, 4> out{std::vector<double>(a.size()), std::vector<double>(a.size()),
+                                         std::vector<double>(b.size()), std::vector<double>(b.size())};
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j)
+      for (std::int64_t p = 0; p < K; ++p) {
+        const double d = dc[static_cast<std::size_t>(i * N + j)];
+        const std::size_t ai = static_cast<std::size_t>(ta ? p * M + i : i * K + p);
+        const std::size_t bi = static_cast<std::size_t>(tb ? j * K + p : p * N + j);
+        out[0][ai] += d * b[bi];
+        out[1][ai] += std::abs(d * b[bi]);
+        out[2][bi] += a[ai] * d;
+        out[3][bi] += std::abs(a[ai] * d);
+      }
+  return out;
 }
 
 /// Every element of got within float32 summation error of want (K products, |sum| <= mag).
@@ -82,19 +104,7 @@ TEST_CASE("autocast: matmul runs on bfloat16 operands with float32 sums, forward
     const auto [want, mag] = reference(rounded(a), rounded(b), M, N, K, ta, tb);
     require_rounded_close(c, want, mag, K);  // the output is a bfloat16 value, as PyTorch's
     // dA = dC op(B)ᵀ (stored transposed when A is), dB = op(A)ᵀ dC, over rounded dC.
-    const std::vector<double> rdc = rounded(dc), ra = rounded(a), rb = rounded(b);
-    std::vector<double> da(ra.size()), da_mag(ra.size()), db(rb.size()), db_mag(rb.size());
-    for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < N; ++j)
-        for (std::int64_t p = 0; p < K; ++p) {
-          const double d = rdc[static_cast<std::size_t>(i * N + j)];
-          const std::size_t ai = static_cast<std::size_t>(ta ? p * M + i : i * K + p);
-          const std::size_t bi = static_cast<std::size_t>(tb ? j * K + p : p * N + j);
-          da[ai] += d * rb[bi];
-          da_mag[ai] += std::abs(d * rb[bi]);
-          db[bi] += ra[ai] * d;
-          db_mag[bi] += std::abs(ra[ai] * d);
-        }
+    const auto [da, da_mag, db, db_mag] = reference_gradients(rounded(a), rounded(b), rounded(dc), M, N, K, ta, tb);
     require_close(a.grad(), da, da_mag, N);
     require_close(b.grad(), db, db_mag, M);
   }
@@ -199,18 +209,7 @@ TEST_CASE("autocast: batched matmul of equal batch dims, every transpose, forwar
       const std::vector<double> ai = slice(ra, M * K), bi = slice(rb, K * N), dci = slice(rdc, M * N);
       const auto [want, mag] = reference(ai, bi, M, N, K, ta, tb);
       require_batch_close(cv, i * M * N, want, mag, K, true);
-      std::vector<double> da(ai.size()), da_mag(ai.size()), db(bi.size()), db_mag(bi.size());
-      for (std::int64_t r = 0; r < M; ++r)
-        for (std::int64_t j = 0; j < N; ++j)
-          for (std::int64_t p = 0; p < K; ++p) {
-            const double d = dci[static_cast<std::size_t>(r * N + j)];
-            const std::size_t x = static_cast<std::size_t>(ta ? p * M + r : r * K + p);
-            const std::size_t y = static_cast<std::size_t>(tb ? j * K + p : p * N + j);
-            da[x] += d * bi[y];
-            da_mag[x] += std::abs(d * bi[y]);
-            db[y] += ai[x] * d;
-            db_mag[y] += std::abs(ai[x] * d);
-          }
+      const auto [da, da_mag, db, db_mag] = reference_gradients(ai, bi, dci, M, N, K, ta, tb);
       require_batch_close(gav, i * M * K, da, da_mag, N, false);
       require_batch_close(gbv, i * K * N, db, db_mag, M, false);
     }
